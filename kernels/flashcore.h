@@ -1,0 +1,106 @@
+// flashcore.h — the contract every variant implements, and the few helpers they share.
+//
+// A variant is one .cu file that includes this header (and CUDA headers) only — never torch —
+// so that `flashcore ptxas` can compile it with plain nvcc, on a machine with no GPU, in seconds.
+// kernels/binding.cpp wraps the two functions below for PyTorch once, for every variant: the harness
+// never special-cases a variant.
+//
+//   flashcore_plan     what the launcher will ask for at a head dim: one entry per __global__ kernel
+//                      (its name, threads per block, dynamic shared memory). Host code only, so the
+//                      ptxas report can read it without a GPU.
+//   flashcore_forward  launches O = softmax(Q K^T * scale [+ causal mask]) V on a stream. Returns
+//                      nullptr on success, or a message that names what went wrong (the binding raises
+//                      it as a Python error, so a bad launch is a clear error, never silent garbage).
+//
+// Tensors are [B, H, S, D], fp16, contiguous; Q, K and V share S (self-attention). Under `causal`,
+// query i sees keys 0..i.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdarg>
+#include <cstdio>
+
+struct FlashcoreParams {
+  const __half* q;  // [B, H, S, D]
+  const __half* k;  // [B, H, S, D]
+  const __half* v;  // [B, H, S, D]
+  __half* o;        // [B, H, S, D]
+  int batch;
+  int heads;
+  int seq_len;
+  int head_dim;
+  float scale;      // softmax scale; the binding passes 1/sqrt(D) unless the caller gave one
+  bool causal;      // mask key j > query i
+};
+
+struct FlashcoreKernelPlan {
+  const char* kernel;      // the kernel as ptxas names it once demangled, e.g. "baseline_fwd<64>"
+  int threads_per_block;
+  int dynamic_smem_bytes;  // what the launcher passes at launch (0 for static shared memory only)
+};
+
+// Fills at most max_plans entries for this head dim; returns how many (0: head dim unsupported).
+int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans);
+
+// nullptr on success, else a message (valid until the calling thread's next call).
+const char* flashcore_forward(const FlashcoreParams& p, cudaStream_t stream);
+
+namespace fc {
+
+constexpr int kWarpSize = 32;
+
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// A printf-style message in a per-thread buffer: what flashcore_forward returns on failure.
+inline const char* message(const char* fmt, ...) {
+  static thread_local char buffer[512];
+  va_list args;
+  va_start(args, fmt);
+  vsnprintf(buffer, sizeof(buffer), fmt, args);
+  va_end(args);
+  return buffer;
+}
+
+inline const char* unsupported_head_dim(int head_dim) {
+  return message("head dim %d is not supported by this kernel", head_dim);
+}
+
+// Call right after a launch: the launch's own error (bad configuration, too much shared memory...).
+inline const char* launch_status() {
+  cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : message("kernel launch failed: %s", cudaGetErrorString(err));
+}
+
+// Raises a kernel's dynamic shared memory limit to `bytes` after checking the device's opt-in maximum,
+// so that a tile that does not fit is a clear error before launch, never an "unspecified launch failure".
+template <typename Kernel>
+inline const char* allow_dynamic_smem(Kernel kernel, int bytes) {
+  int device = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    return message("could not read the device's shared memory limit: %s", cudaGetErrorString(cudaGetLastError()));
+  }
+  if (bytes > optin) {
+    return message("needs %d bytes of shared memory per block; this device allows %d", bytes, optin);
+  }
+  if (bytes > 48 * 1024) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err != cudaSuccess) return message("cudaFuncSetAttribute failed: %s", cudaGetErrorString(err));
+  }
+  return nullptr;
+}
+
+// Grid for kernels that give each CTA `block_m` query rows of one (batch, head): x walks the query
+// tiles so that neighbouring CTAs share a head's K and V in L2.
+inline dim3 query_tile_grid(const FlashcoreParams& p, int block_m) {
+  return dim3(ceil_div(p.seq_len, block_m), p.heads, p.batch);
+}
+
+// Offset of the (b, h) slice of a [B, H, S, D] tensor.
+__host__ __device__ inline size_t head_offset(const FlashcoreParams& p, int b, int h) {
+  return (static_cast<size_t>(b) * p.heads + h) * static_cast<size_t>(p.seq_len) * p.head_dim;
+}
+
+}  // namespace fc
