@@ -1,0 +1,3 @@
+from flashcore_cli.cli import main
+
+main()

@@ -1,0 +1,93 @@
+"""Shapes (B,H,S,D), the default correctness shape set, and FLOP counts."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from flashcore_cli.errors import FlashcoreError
+
+MISSION_SHAPE = "1,8,512,64"
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    heads: int
+    seq_len: int
+    head_dim: int
+
+    def __str__(self) -> str:
+        return f"{self.batch},{self.heads},{self.seq_len},{self.head_dim}"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Case:
+    shape: Shape
+    causal: bool
+    seed: int
+
+    def label(self) -> str:
+        return f"{self.shape}{' causal' if self.causal else ''}"
+
+    def as_dict(self) -> dict:
+        return {"shape": str(self.shape), "causal": self.causal, "seed": self.seed}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Case":
+        return cls(parse_shape(d["shape"]), bool(d["causal"]), int(d["seed"]))
+
+
+def parse_shape(text: str) -> Shape:
+    parts = [p.strip() for p in str(text).split(",")]
+    if len(parts) != 4 or not all(re.fullmatch(r"\d+", p) for p in parts):
+        raise FlashcoreError(f"bad shape '{text}': expected B,H,S,D as four positive integers, e.g. {MISSION_SHAPE}")
+    b, h, s, d = (int(p) for p in parts)
+    if min(b, h, s, d) < 1:
+        raise FlashcoreError(f"bad shape '{text}': every dimension must be at least 1")
+    if b * h * s * d >= 2**31:
+        raise FlashcoreError(f"bad shape '{text}': more than 2^31 elements per tensor")
+    return Shape(b, h, s, d)
+
+
+def parse_shapes(values: list[str] | None) -> list[Shape]:
+    """Shapes given as repeated options and/or separated by ';' or spaces within one option."""
+    shapes: list[Shape] = []
+    for value in values or []:
+        for token in re.split(r"[;\s]+", value.strip()):
+            if token:
+                shapes.append(parse_shape(token))
+    return shapes
+
+
+# The default correctness set: the mission shape, awkward sequence lengths (1, 17, 97, 1000, 1025) over
+# several batches and heads. Every case runs causal and non-causal, at every head dim a variant declares.
+DEFAULT_SHAPES = [
+    (1, 8, 512),
+    (2, 3, 1),
+    (1, 2, 17),
+    (3, 2, 97),
+    (1, 4, 1000),
+    (2, 1, 1025),
+    (4, 2, 128),
+]
+
+
+def default_cases(head_dims, base_seed: int) -> list[Case]:
+    return expand_cases([Shape(b, h, s, d) for d in head_dims for (b, h, s) in DEFAULT_SHAPES], base_seed)
+
+
+def expand_cases(shapes: list[Shape], base_seed: int, causal_modes=(False, True)) -> list[Case]:
+    cases = []
+    for shape in shapes:
+        for causal in causal_modes:
+            cases.append(Case(shape, causal, base_seed + len(cases)))
+    return cases
+
+
+def attention_flops(shape: Shape, causal: bool) -> float:
+    flops = 4.0 * shape.batch * shape.heads * shape.seq_len**2 * shape.head_dim
+    return flops / 2 if causal else flops
