@@ -1,0 +1,332 @@
+"""What each core command does: orchestration and rich rendering. cli.py only parses and calls these."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from flashcore_cli.archs import parse_arch, parse_archs
+from flashcore_cli.errors import FlashcoreError
+from flashcore_cli.registry import load_registry
+
+# Tables are wide: give pipes and CI logs room instead of folding every cell.
+console = Console(width=None if sys.stdout.isatty() else 180)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 180)
+
+STATUS_STYLE = {
+    "OK": "green",
+    "SKIP": "dim",
+    "NOT-RUN": "dim",
+    "MISMATCH": "bold red",
+    "TIMEOUT": "bold magenta",
+    "CRASH": "bold red",
+    "BUILD-FAIL": "bold yellow",
+}
+
+
+def require_cuda_torch() -> None:
+    import torch
+
+    if torch.version.cuda is None:
+        raise FlashcoreError(
+            f"`flashcore build` links against PyTorch's CUDA libraries, but this torch ({torch.__version__}) is a "
+            "CPU build; install a CUDA build of torch (`flashcore ptxas` compiles kernels without torch)"
+        )
+
+
+def require_gpu(command: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise FlashcoreError(
+            f"`flashcore {command}` runs kernels and needs a CUDA GPU; none is visible here "
+            "(`flashcore ptxas` and `flashcore list` work without one)"
+        )
+
+
+def styled(status: str) -> str:
+    return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
+
+
+def progress() -> Progress:
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+
+
+# ---------------------------------------------------------------- list
+def cmd_list(registry_path) -> int:
+    reg = load_registry(registry_path)
+    table = Table(title=f"flashcore variants ({reg.path})")
+    for col in ("name", "aliases", "head dims", "causal", "sources", "summary"):
+        table.add_column(col, overflow="fold")
+    for v in reg.variants:
+        table.add_row(
+            v.name,
+            ", ".join(v.aliases),
+            ", ".join(map(str, v.head_dims)),
+            "yes" if v.causal else "no",
+            "\n".join(str(p.relative_to(reg.root)) for p in v.sources),
+            v.summary,
+        )
+    console.print(table)
+    return 0
+
+
+# ---------------------------------------------------------------- build
+def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
+    from flashcore_cli.isolate import run_worker
+
+    reg = load_registry(registry_path)
+    variants = reg.select(names, all_)
+    arch = parse_arch(arch) if arch else parse_archs(None)[0]
+    require_cuda_torch()
+    parallel = max(1, min(len(variants), os.cpu_count() or 1, 4))
+    os.environ.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 1) // parallel)))
+    results = {}
+    with progress() as bar:
+        task = bar.add_task(f"building {len(variants)} variant(s) for {arch}", total=len(variants))
+
+        def one(v):
+            spec = {"task": "build", "registry": str(reg.path), "variant": v.name, "arch": arch, "force": force}
+            return v, run_worker(spec, run_timeout=60)
+
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            for fut in as_completed([pool.submit(one, v) for v in variants]):
+                v, outcome = fut.result()
+                results[v.name] = outcome
+                bar.advance(task)
+                bar.console.print(f"  {v.name}: {_build_word(outcome)}")
+    failed = 0
+    table = Table(title=f"builds ({arch})")
+    for col in ("variant", "status", "key", "time", "kernels (ptxas)"):
+        table.add_column(col, overflow="fold")
+    for v in variants:
+        outcome = results[v.name]
+        built = outcome.find("built")
+        if built:
+            b = built[0]
+            when = f"cached, load {b['load_seconds']:.2f} s" if b["cached"] else f"built in {b['build_seconds']:.1f} s"
+            table.add_row(v.name, styled("OK"), b["key"], when, "\n".join(b["resources"]))
+            if verbose:
+                console.print(f"[dim]{v.name}: {b['directory']}/build.log[/]")
+        else:
+            failed += 1
+            bf = outcome.find("build-failed")
+            detail = bf[0]["errors"] if bf else (outcome.find("crash") or [{"error": outcome.log_tail}])[0]["error"]
+            table.add_row(v.name, styled("BUILD-FAIL"), "", "", detail)
+    console.print(table)
+    return 1 if failed else 0
+
+
+def _build_word(outcome) -> str:
+    built = outcome.find("built")
+    if built:
+        return "cached" if built[0]["cached"] else f"built in {built[0]['build_seconds']:.1f} s"
+    return "[bold yellow]BUILD-FAIL[/]"
+
+
+# ---------------------------------------------------------------- ptxas
+def cmd_ptxas(registry_path, names, all_, arch_text, json_path, fail_on_spill) -> int:
+    from flashcore_cli.correctness import write_json
+    from flashcore_cli.ptxas import report_all
+
+    reg = load_registry(registry_path)
+    variants = reg.select(names, all_)
+    archs = parse_archs(arch_text)
+    with progress() as bar:
+        task = bar.add_task(f"nvcc -Xptxas -v: {len(variants)} variant(s) x {', '.join(archs)}", total=len(variants) * len(archs))
+        reports = report_all(variants, archs, on_done=lambda r: bar.advance(task))
+    table = Table(title="ptxas resources (per __global__ kernel)")
+    for col, just in (("variant", "left"), ("kernel", "left"), ("arch", "left"), ("regs", "right"), ("static smem", "right"),
+                      ("dyn smem", "right"), ("spill st/ld", "right"), ("stack", "right"), ("threads", "right"),
+                      ("CTAs/SM", "right")):  # fmt: skip
+        table.add_column(col, justify=just, overflow="fold")
+    errors = spills = 0
+    for r in reports:
+        if r.error:
+            errors += 1
+            table.add_row(r.variant, f"[red]compile failed[/]\n{r.error}", r.arch, *[""] * 7)
+            continue
+        for k in r.kernels:
+            spill = f"{k.spill_stores}/{k.spill_loads}"
+            if k.spills:
+                spills += 1
+                spill = f"[bold red]{spill}[/]"
+            occ = "-" if k.ctas_per_sm is None else f"{k.ctas_per_sm} ({k.limiter})"
+            table.add_row(
+                r.variant, short_kernel(k.kernel), r.arch, str(k.registers), _kb(k.static_smem),
+                "-" if k.dynamic_smem is None else _kb(k.dynamic_smem), spill, f"{k.stack_frame} B",
+                "-" if k.threads is None else str(k.threads), occ,
+            )  # fmt: skip
+    console.print(table)
+    if json_path:
+        write_json(json_path, {"kind": "flashcore-ptxas", "reports": [r.as_dict() for r in reports]})
+        console.print(f"wrote {json_path}")
+    if errors:
+        err_console.print(f"[red]{errors} compile(s) failed[/]")
+        return 1
+    if fail_on_spill and spills:
+        err_console.print(f"[red]{spills} kernel(s) spill registers[/]")
+        return 1
+    return 0
+
+
+def short_kernel(name: str) -> str:
+    """'void v8_fwd<64>(FlashcoreParams)' -> 'v8_fwd<64>'."""
+    return re.sub(r"^void |\(FlashcoreParams\)$", "", name)
+
+
+def _kb(n: int) -> str:
+    return f"{n / 1024:.1f} KB" if n else "0"
+
+
+# ---------------------------------------------------------------- test
+def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, arch) -> int:
+    from flashcore_cli.correctness import new_seed, plan_cases, run_variant, write_json
+    from flashcore_cli.shapes import parse_shapes
+
+    reg = load_registry(registry_path)
+    variants = reg.select(names, all_)
+    shapes = parse_shapes(shapes_text)
+    if timeout <= 0:
+        raise FlashcoreError("--timeout must be positive (seconds)")
+    require_gpu("test")
+    arch = parse_arch(arch) if arch else parse_archs(None)[0]
+    seed = seed if seed is not None else new_seed()
+    console.print(f"seed {seed} (case i uses seed {seed}+i); timeout {timeout:.0f} s per variant after its build; arch {arch}")
+    outcomes = []
+    with progress() as bar:
+        for v in variants:
+            cases = plan_cases(v, shapes, seed)
+            task = bar.add_task(f"{v.name}: building", total=len(cases))
+
+            def on_event(e, task=task, name=v.name):
+                kind = e.get("event")
+                if kind == "built":
+                    bar.update(task, description=f"{name}: checking")
+                elif kind == "case":
+                    bar.advance(task)
+                elif kind == "case-start":
+                    bar.update(task, description=f"{name}: {e['case']['shape']}{' causal' if e['case']['causal'] else ''}")
+
+            outcome = run_variant(reg, v, cases, arch=arch, timeout=timeout, on_event=on_event)
+            bar.update(task, completed=len(cases))
+            bar.console.print(f"  {v.name}: {styled(outcome.status)} ({outcome.seconds:.1f} s)")
+            outcomes.append(outcome)
+    _render_test(outcomes)
+    if json_path:
+        write_json(json_path, {"kind": "flashcore-test", "seed": seed, "arch": arch, "variants": [o.as_dict() for o in outcomes]})
+        console.print(f"wrote {json_path}")
+    return 1 if any(o.failed for o in outcomes) else 0
+
+
+def _render_test(outcomes) -> None:
+    table = Table(title="correctness: max|out - ref| <= max(2^-10, 2 x SDPA's error), fp32 reference")
+    for col, just in (("variant", "left"), ("status", "left"), ("OK", "right"), ("MISMATCH", "right"),
+                      ("TIMEOUT/CRASH/BUILD", "right"), ("SKIP/NOT-RUN", "right"), ("worst err/tol", "right"),
+                      ("time", "right")):  # fmt: skip
+        table.add_column(col, justify=just)
+    for o in outcomes:
+        count = lambda *s: str(sum(c.status in s for c in o.cases))  # noqa: E731
+        ratio = o.worst_ratio()
+        table.add_row(
+            o.variant, styled(o.status), count("OK"), count("MISMATCH"), count("TIMEOUT", "CRASH", "BUILD-FAIL"),
+            count("SKIP", "NOT-RUN"), "-" if ratio is None else f"{ratio:.2f}", f"{o.seconds:.1f} s",
+        )  # fmt: skip
+    console.print(table)
+    for o in outcomes:
+        shown = 0
+        for c in o.cases:
+            if c.status in ("OK", "NOT-RUN") or (c.status == "SKIP" and shown):
+                continue
+            if c.status == "SKIP":
+                console.print(f"[dim]{o.variant}: SKIP {c.case.label()}: {c.detail}[/]")
+                shown += 1
+                continue
+            console.print(f"{o.variant}: {styled(c.status)} {c.case.label()} seed {c.case.seed}")
+            if c.max_error is not None:
+                console.print(f"    max error {c.max_error:.4g}, tolerance {c.tolerance:.4g}; {c.detail}")
+            elif c.detail:
+                console.print("    " + c.detail.replace("\n", "\n    "), markup=False)
+            for m in c.mismatches:
+                b, h, s, d = m["index"]
+                console.print(f"    (b={b}, h={h}, s={s}, d={d}): expected {m['expected']:.5g}, got {m['got']:.5g}")
+            if c.status in ("BUILD-FAIL", "CRASH", "TIMEOUT") and c.detail:
+                break  # the same detail for the rest of the variant's cases
+
+
+# ---------------------------------------------------------------- bench
+def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json_path, timeout, seed, arch) -> int:
+    from flashcore_cli.bench import MIN_REPS, BenchRun, bench_references, bench_variant, finish
+    from flashcore_cli.correctness import new_seed, write_json
+    from flashcore_cli.shapes import MISSION_SHAPE, Case, parse_shape
+
+    reg = load_registry(registry_path)
+    variants = reg.select(names, True) if not names else reg.select(names, all_)
+    shape = parse_shape(shape_text or MISSION_SHAPE)
+    if reps < MIN_REPS:
+        raise FlashcoreError(f"--reps {reps}: at least {MIN_REPS} timed calls are needed for a median and p10/p90")
+    if warmup < 1:
+        raise FlashcoreError("--warmup must be at least 1")
+    if timeout <= 0:
+        raise FlashcoreError("--timeout must be positive (seconds)")
+    require_gpu("bench")
+    arch = parse_arch(arch) if arch else parse_archs(None)[0]
+    seed = seed if seed is not None else new_seed()
+    case = Case(shape, causal, seed)
+    run = BenchRun(shape, causal, seed)
+    console.print(f"bench {shape}{' causal' if causal else ''}: {reps} timed calls each, L2 flushed before each; seed {seed}")
+    with progress() as bar:
+        task = bar.add_task("references (SDPA backends, Triton)", total=len(variants) + 1)
+        refs, run.environment = bench_references(case, reps=reps, warmup=warmup, timeout=timeout)
+        run.rows.extend(refs)
+        bar.advance(task)
+        for v in variants:
+            bar.update(task, description=f"{v.name}: build, check, time")
+            row = bench_variant(reg, v, case, arch=arch, reps=reps, warmup=warmup, timeout=timeout)
+            run.rows.append(row)
+            bar.advance(task)
+    finish(run)
+    render_bench(run)
+    if json_path:
+        write_json(json_path, run.record())
+        console.print(f"wrote {json_path}")
+    return 0
+
+
+def render_bench(run) -> None:
+    env = run.environment
+    title = (
+        f"{run.shape}{' causal' if run.causal else ''} on {env.get('gpu', '?')} (torch {env.get('torch', '?')}, "
+        f"CUDA {env.get('cuda', '?')}, driver {env.get('driver', '?')})"
+    )
+    table = Table(title=title)
+    for col, just in (("name", "left"), ("status", "left"), ("median us", "right"), ("p10 us", "right"),
+                      ("p90 us", "right"), ("TFLOP/s", "right"), ("vs SDPA", "right"), ("note", "left")):  # fmt: skip
+        table.add_column(col, justify=just, overflow="fold")
+    sdpa = run.sdpa_median
+    for r in run.rows:
+        if r.median:
+            tflops = run.flops / (r.median * 1e-6) / 1e12
+            speed = f"{sdpa / r.median:.2f}x" if sdpa else "-"
+            table.add_row(
+                r.name, styled(r.status), f"{r.median:.1f}", f"{r.timing['p10_us']:.1f}", f"{r.timing['p90_us']:.1f}",
+                f"{tflops:.1f}", speed, r.kind,
+            )  # fmt: skip
+        else:
+            table.add_row(r.name, styled(r.status), "-", "-", "-", "-", "-", (r.detail or "").splitlines()[0][:120] if r.detail else "")
+    console.print(table)
+    console.print("vs SDPA: SDPA default's median / this row's median (above 1: faster than SDPA)")

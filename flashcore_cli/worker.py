@@ -1,0 +1,141 @@
+"""The child process that owns the GPU for one piece of isolated work (see isolate.py).
+
+    python -m flashcore_cli.worker SPEC.json
+
+Tasks: "build" (build one variant), "test" (build, then check cases), "bench" (build, check the bench
+shape, then time it), "references" (time PyTorch SDPA's backends and the Triton reference). Progress goes
+to the spec's events file as JSON lines; the last line of a clean run is {"event": "done"}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+from flashcore_cli.shapes import Case
+
+
+class Events:
+    def __init__(self, path: str):
+        self.handle = open(path, "a", buffering=1)
+
+    def emit(self, event: str, **fields) -> None:
+        self.handle.write(json.dumps({"event": event, **fields}, default=str) + "\n")
+        self.handle.flush()
+
+
+def _build(spec: dict, events: Events):
+    from flashcore_cli.api import Attention
+    from flashcore_cli.build import BuildError, build_variant
+    from flashcore_cli.registry import load_registry
+
+    variant = load_registry(spec["registry"]).get(spec["variant"])
+    try:
+        result = build_variant(
+            variant, spec["arch"], force=spec.get("force", False), extra_defines=spec.get("defines") or None
+        )
+    except BuildError as exc:
+        events.emit("build-failed", errors=exc.errors, log=str(exc.log))
+        return None
+    events.emit("built", **result.as_dict())
+    return Attention(variant, result)
+
+
+def _crash(events: Events, exc: BaseException, where: str) -> None:
+    events.emit("crash", where=where, error=f"{type(exc).__name__}: {exc}".strip()[:2000])
+
+
+def task_build(spec: dict, events: Events) -> None:
+    _build(spec, events)
+
+
+def task_test(spec: dict, events: Events) -> None:
+    from flashcore_cli.check import check_case
+
+    attn = _build(spec, events)
+    if attn is None:
+        return
+    for raw in spec["cases"]:
+        case = Case.from_dict(raw)
+        events.emit("case-start", case=case.as_dict())
+        try:
+            result = check_case(attn, case)
+        except Exception as exc:  # a fault poisons the context: report it and stop this variant
+            _crash(events, exc, case.label())
+            return
+        events.emit("case", **result.__dict__)
+
+
+def task_bench(spec: dict, events: Events) -> None:
+    from flashcore_cli.check import check_case
+    from flashcore_cli.timing import time_callable
+
+    import torch
+
+    attn = _build(spec, events)
+    if attn is None:
+        return
+    case = Case.from_dict(spec["case"])
+    events.emit("case-start", case=case.as_dict())
+    try:
+        result = check_case(attn, case)
+    except Exception as exc:
+        _crash(events, exc, case.label())
+        return
+    events.emit("case", **result.__dict__)
+    if result.status != "OK":
+        return  # never time a variant that failed correctness
+    from flashcore_cli.check import make_inputs
+
+    q, k, v = make_inputs(case)
+    out = torch.empty_like(q)
+    try:
+        timing = time_callable(lambda: attn(q, k, v, causal=case.causal, out=out), reps=spec["reps"], warmup=spec["warmup"])
+    except Exception as exc:
+        _crash(events, exc, f"timing {case.label()}")
+        return
+    events.emit("timing", name=attn.name, key=attn.build.key, **timing.as_dict())
+
+
+def task_references(spec: dict, events: Events) -> None:
+    from flashcore_cli.references import environment, reference_functions
+    from flashcore_cli.check import make_inputs
+    from flashcore_cli.timing import L2Flusher, time_callable
+
+    events.emit("built", note="references need no build")
+    events.emit("environment", **environment())
+    case = Case.from_dict(spec["case"])
+    q, k, v = make_inputs(case)
+    flusher = L2Flusher()
+    for name, fn, why_not in reference_functions(q, k, v, case.causal):
+        if fn is None:
+            events.emit("reference-skipped", name=name, reason=why_not)
+            continue
+        try:
+            fn()
+            timing = time_callable(fn, reps=spec["reps"], warmup=spec["warmup"], flusher=flusher)
+        except Exception as exc:  # a backend that cannot run this shape: say so and go on
+            events.emit("reference-skipped", name=name, reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            continue
+        events.emit("timing", name=name, **timing.as_dict())
+
+
+TASKS = {"build": task_build, "test": task_test, "bench": task_bench, "references": task_references}
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(open(argv[1]).read())
+    events = Events(spec["events"])
+    try:
+        TASKS[spec["task"]](spec, events)
+    except Exception as exc:
+        traceback.print_exc()
+        _crash(events, exc, spec["task"])
+        return 3
+    events.emit("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
