@@ -1,0 +1,94 @@
+"""The CLI through typer's CliRunner: exit codes and what a user reads."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import FIXTURES, REPO
+from flashcore_cli.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_list_prints_the_registry():
+    result = invoke("list")
+    assert result.exit_code == 0, result.output
+    assert "baseline" in result.output and "head dims" in result.output
+
+
+def test_unknown_variant_is_exit_2_with_a_suggestion_and_no_traceback():
+    result = invoke("ptxas", "basline")
+    assert result.exit_code == 2
+    assert "did you mean baseline" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_broken_registry_is_exit_2():
+    result = invoke("--registry", str(FIXTURES / "registries" / "unknown_key.yaml"), "list")
+    assert result.exit_code == 2
+    assert "key 'head_dim'" in result.output
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["bench", "baseline", "--shape", "1,8,512"], "bad shape"),
+        (["bench", "baseline", "--reps", "10"], "at least 100"),
+        (["test", "baseline", "--shapes", "1,x,3,4"], "bad shape"),
+        (["test", "baseline", "--timeout", "0"], "--timeout"),
+        (["ptxas", "baseline", "--arch", "sm_12"], "unknown arch"),
+        (["ptxas", "baseline", "--all"], "not both"),
+        (["ptxas"], "--all"),
+    ],
+)
+def test_bad_input_is_exit_2(args, needle):
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+    assert "Traceback" not in result.output
+
+
+def test_help_is_fast_and_does_not_import_torch():
+    code = "import sys, time; t=time.perf_counter(); import flashcore_cli.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.stdout.strip() == "False"
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "flashcore_cli", "--help"], capture_output=True, text=True, cwd=REPO)
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 0 and "ptxas" in proc.stdout
+    assert elapsed < 2.0  # the budget is 0.5 s on a quiet machine; CI runners are shared, so only gross regressions fail
+
+
+def test_ptxas_json_for_baseline(tmp_path, nvcc, fresh_cache):
+    out = tmp_path / "ptxas.json"
+    result = invoke("ptxas", "baseline", "--arch", "sm_89,sm_90", "--json", str(out), "--fail-on-spill")
+    assert result.exit_code == 0, result.output
+    assert "baseline_fwd<64>" in result.output and "sm_89" in result.output and "sm_90" in result.output
+    record = json.loads(out.read_text())
+    kernels = [k for r in record["reports"] for k in r["kernels"]]
+    assert {k["arch"] for k in kernels} == {"sm_89", "sm_90"}
+    assert all(k["registers"] > 0 and k["threads"] and k["ctas_per_sm"] >= 1 for k in kernels)
+    assert all(k["spills"] == 0 for k in kernels)
+
+
+def test_compile_error_shows_the_compilers_first_lines(tmp_path, nvcc, fresh_cache):
+    (tmp_path / "pyproject.toml").write_text("")
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "flashcore.h").write_text((REPO / "kernels" / "flashcore.h").read_text())
+    (kernels / "broken.cu").write_text('#include "flashcore.h"\nint flashcore_plan(int, FlashcoreKernelPlan*, int) { return undeclared_thing; }\n')
+    (tmp_path / "variants.yaml").write_text(
+        "variants:\n  - name: broken\n    sources: [kernels/broken.cu]\n    summary: s\n    head_dims: [64]\n    causal: true\n"
+    )
+    result = invoke("--registry", str(tmp_path / "variants.yaml"), "ptxas", "broken")
+    assert result.exit_code == 1
+    assert "undeclared_thing" in result.output and "error" in result.output
+    assert "Traceback" not in result.output
