@@ -63,6 +63,7 @@ class Attention:
 
 def load_variant(name: str, *, registry=None, arch: str | None = None, force: bool = False) -> Attention:
     from flashcore_cli.build import build_variant
+    from flashcore_cli.tuned import current_gpu_name, tuned_defines
 
     variant = load_registry(registry).get(name)
     if arch is None:
@@ -75,4 +76,5 @@ def load_variant(name: str, *, registry=None, arch: str | None = None, force: bo
         else:
             major, minor = torch.cuda.get_device_capability()
             arch = f"sm_{major}{minor}"
-    return Attention(variant, build_variant(variant, arch, force=force))
+    defines = tuned_defines(variant.name, current_gpu_name())
+    return Attention(variant, build_variant(variant, arch, force=force, extra_defines=defines or None))

@@ -138,5 +138,10 @@ def bench(
     return cmd_bench(ctx.obj["registry"], names, all_, shape, causal, reps, warmup, json_path, timeout, seed, arch)
 
 
+from flashcore_cli import cli_tools  # noqa: E402  (the instruments: sanitize, profile, sass, sweep, ...)
+
+cli_tools.register(app, handle_errors)
+
+
 def main() -> None:
     app()

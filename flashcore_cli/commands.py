@@ -301,8 +301,13 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
             bar.advance(task)
     finish(run)
     render_bench(run)
+    from flashcore_cli.records import save_record
+
+    record = run.record()
+    saved = save_record(record, "bench", f"{shape}{'-causal' if causal else ''}")
+    console.print(f"record: {saved}")
     if json_path:
-        write_json(json_path, run.record())
+        write_json(json_path, record)
         console.print(f"wrote {json_path}")
     return 0
 

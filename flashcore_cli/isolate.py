@@ -36,7 +36,17 @@ class WorkerOutcome:
         return [e for e in self.events if e.get("event") == kind]
 
 
-def run_worker(spec: dict, *, run_timeout: float, build_timeout: float = DEFAULT_BUILD_TIMEOUT, on_event=None) -> WorkerOutcome:
+def run_worker(
+    spec: dict,
+    *,
+    run_timeout: float,
+    build_timeout: float = DEFAULT_BUILD_TIMEOUT,
+    on_event=None,
+    env: dict[str, str] | None = None,
+    prefix: list[str] | None = None,
+) -> WorkerOutcome:
+    """`env` adds variables (e.g. CUDA_VISIBLE_DEVICES to pin a GPU); `prefix` wraps the command (e.g. a
+    compute-sanitizer or ncu invocation)."""
     with tempfile.TemporaryDirectory(prefix="flashcore-worker-") as tmp:
         tmpdir = Path(tmp)
         events_path = tmpdir / "events.jsonl"
@@ -44,16 +54,16 @@ def run_worker(spec: dict, *, run_timeout: float, build_timeout: float = DEFAULT
         spec_path = tmpdir / "spec.json"
         events_path.touch()
         spec_path.write_text(json.dumps({**spec, "events": str(events_path)}))
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         start = time.monotonic()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "flashcore_cli.worker", str(spec_path)],
+                [*(prefix or []), sys.executable, "-m", "flashcore_cli.worker", str(spec_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: a timeout kills everything it started
-                env=env,
+                env=child_env,
             )
         outcome = WorkerOutcome(status="done")
         deadline = start + build_timeout
