@@ -1,0 +1,106 @@
+"""GPU tests: run them on the lent GPU (`python3 -m pytest -q -m gpu`); skipped without CUDA."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import FIXTURES, REPO
+from flashcore_cli.cli import app
+
+pytestmark = pytest.mark.gpu
+runner = CliRunner()
+
+
+def flashcore(*args, env=None, timeout=1800):
+    return subprocess.run(
+        [sys.executable, "-m", "flashcore_cli", *args], capture_output=True, text=True, cwd=REPO,
+        env={**os.environ, **(env or {})}, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_build_then_cached_load_is_fast():
+    from flashcore_cli import load_variant
+
+    load_variant("baseline")  # built or cached
+    start = time.perf_counter()
+    attn = load_variant("baseline")
+    assert attn.build.cached
+    assert time.perf_counter() - start < 1.0
+    assert attn.plan(64)[0][0] == "baseline_fwd<64>"
+
+
+def test_two_processes_building_at_once_share_one_build(tmp_path):
+    env = {"FLASHCORE_CACHE": str(tmp_path / "cache")}
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "flashcore_cli", "build", "baseline"], cwd=REPO,
+                         env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]  # fmt: skip
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    builds = list((tmp_path / "cache" / "build").glob("baseline-*/build.json"))
+    assert len(builds) == 1
+    assert sum("cached" in o for o in outputs) == 1, outputs  # the second waited for the first, then loaded it
+
+
+def test_every_variant_passes_the_default_shape_set(tmp_path):
+    out = tmp_path / "test.json"
+    proc = flashcore("test", "--all", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads(out.read_text())
+    for v in record["variants"]:
+        statuses = {c["status"] for c in v["cases"]}
+        assert statuses <= {"OK", "SKIP"}, (v["variant"], statuses)
+        assert "OK" in statuses
+
+
+def test_hanging_and_faulting_variants_do_not_stop_the_run():
+    proc = flashcore("--registry", str(FIXTURES / "faults.yaml"), "test", "--all", "--timeout", "15", "--shapes", "1,2,64,64")
+    assert proc.returncode == 1
+    lines = proc.stdout
+    assert "hang: TIMEOUT" in lines
+    assert "baseline: OK" in lines
+    assert "fault: CRASH" in lines and "illegal memory access" in lines
+
+
+def test_bench_prints_variants_beside_sdpa_and_triton(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = flashcore("bench", "baseline", "--shape", "1,8,512,64", "--reps", "100", "--json", str(out),
+                     env={"FLASHCORE_RESULTS": str(tmp_path / "results")})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads(out.read_text())
+    rows = {r["name"]: r for r in record["rows"]}
+    assert rows["sdpa"]["status"] == "OK" and rows["baseline"]["status"] == "OK"
+    assert len(rows["baseline"]["samples_us"]) == 100
+    assert rows["baseline"]["p10_us"] <= rows["baseline"]["median_us"] <= rows["baseline"]["p90_us"]
+    assert record["environment"]["gpu"] and record["environment"]["torch"]
+    assert rows["baseline"]["key"]
+    assert list((tmp_path / "results").glob("bench-*.json"))
+
+
+def test_bad_input_raises_clear_errors():
+    import torch
+
+    from flashcore_cli import load_variant
+    from flashcore_cli.errors import FlashcoreInputError
+
+    attn = load_variant("baseline")
+    q = torch.randn(1, 2, 33, 64, device="cuda", dtype=torch.float16)
+    cases = [
+        ((q.cpu(), q.cpu(), q.cpu()), "CUDA tensors"),
+        ((q.float(), q.float(), q.float()), "float16"),
+        ((q, q[:, :, :17], q), "shape"),
+        ((q.transpose(2, 3).contiguous().transpose(2, 3), q, q), "contiguous"),
+        ((q[..., :32].contiguous(),) * 3, "head dim 32"),
+        ((q[0],) * 3, "4-D"),
+    ]
+    for args, needle in cases:
+        with pytest.raises(FlashcoreInputError, match=needle):
+            attn(*args)
+    out = attn(q, q, q)
+    assert out.shape == q.shape and not torch.isnan(out).any()
