@@ -1,0 +1,60 @@
+"""Stress a variant: launch it N times over random shapes (S = 1 and lengths that are no multiple of any
+tile included, causal and not, every head dim it declares) in one isolated worker under a timeout, every
+launch checked against the fp32 reference.
+
+    python3 scripts/stress.py v9 v10 --launches 2000 --timeout 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+
+from flashcore_cli.archs import parse_archs
+from flashcore_cli.correctness import new_seed, run_variant
+from flashcore_cli.registry import load_registry
+from flashcore_cli.shapes import Case, Shape
+
+
+def random_cases(head_dims, launches: int, seed: int) -> list[Case]:
+    rng = random.Random(seed)
+    cases = []
+    for i in range(launches):
+        if i % 20 == 0:
+            s = 1  # the degenerate single-key sequence, regularly
+        else:
+            s = rng.choice([rng.randint(2, 130), rng.randint(131, 1100), rng.randint(1, 64) * 16 + rng.randint(1, 15)])
+        shape = Shape(rng.randint(1, 3), rng.randint(1, 6), s, rng.choice(head_dims))
+        cases.append(Case(shape, rng.random() < 0.5, seed + i))
+    return cases
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("variants", nargs="+")
+    parser.add_argument("--launches", type=int, default=2000)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args()
+    registry = load_registry()
+    seed = args.seed if args.seed is not None else new_seed()
+    failed = False
+    for name in args.variants:
+        variant = registry.get(name)
+        cases = random_cases(variant.head_dims, args.launches, seed)
+        outcome = run_variant(registry, variant, cases, arch=parse_archs(None)[0], timeout=args.timeout)
+        counts: dict[str, int] = {}
+        for c in outcome.cases:
+            counts[c.status] = counts.get(c.status, 0) + 1
+        lengths = sorted({c.shape.seq_len for c in cases})
+        print(f"{name}: {len(cases)} launches, seed {seed}, {len(lengths)} distinct S in [{lengths[0]}, {lengths[-1]}], "
+              f"{sum(c.causal for c in cases)} causal: {counts} in {outcome.seconds:.1f} s; worst err/tol {outcome.worst_ratio() or float('nan'):.2f}")
+        for c in [c for c in outcome.cases if c.status != "OK"][:5]:
+            failed = True
+            print(f"  {c.status} {c.case.label()} seed {c.case.seed}: {c.detail}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
