@@ -111,13 +111,14 @@ def task_references(spec: dict, events: Events) -> None:
     case = Case.from_dict(spec["case"])
     q, k, v = make_inputs(case)
     flusher = L2Flusher()
-    for name, fn, why_not in reference_functions(q, k, v, case.causal):
+    for name, fn, context, why_not in reference_functions(q, k, v, case.causal):
         if fn is None:
             events.emit("reference-skipped", name=name, reason=why_not)
             continue
         try:
-            fn()
-            timing = time_callable(fn, reps=spec["reps"], warmup=spec["warmup"], flusher=flusher)
+            with context:
+                fn()
+                timing = time_callable(fn, reps=spec["reps"], warmup=spec["warmup"], flusher=flusher)
         except Exception as exc:  # a backend that cannot run this shape: say so and go on
             events.emit("reference-skipped", name=name, reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             continue
