@@ -56,6 +56,11 @@ class Attention:
                 raise FlashcoreInputError(f"{name}: {label} is on {t.device} but q is on {q.device}")
             if not t.is_contiguous():
                 raise FlashcoreInputError(f"{name}: {label} is not contiguous; call .contiguous() first")
+            if t.data_ptr() % 16:
+                raise FlashcoreInputError(
+                    f"{name}: {label} does not start on a 16-byte boundary (a view at an odd offset?); "
+                    "the kernels use 16-byte loads: pass a .clone()"
+                )
         reason = self.variant.unsupported_reason(q.shape[-1], bool(causal))
         if reason:
             raise FlashcoreInputError(reason)

@@ -17,6 +17,8 @@ void check_input(const torch::Tensor& t, const char* name, const torch::Tensor& 
   TORCH_CHECK(t.dim() == 4, name, " must be 4-D [B, H, S, D], got shape ", t.sizes());
   TORCH_CHECK(t.sizes() == q.sizes(), name, " has shape ", t.sizes(), " but q has ", q.sizes());
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
+              " must start on a 16-byte boundary (kernels use 16-byte vector loads and cp.async)");
   TORCH_CHECK(t.device() == q.device(), name, " is on ", t.device(), " but q is on ", q.device());
 }
 

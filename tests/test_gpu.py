@@ -98,6 +98,7 @@ def test_bad_input_raises_clear_errors():
         ((q.transpose(2, 3).contiguous().transpose(2, 3), q, q), "contiguous"),
         ((q[..., :32].contiguous(),) * 3, "head dim 32"),
         ((q[0],) * 3, "4-D"),
+        ((torch.empty(q.numel() + 1, device="cuda", dtype=torch.float16)[1:].view(q.shape),) * 3, "16-byte"),
     ]
     for args, needle in cases:
         with pytest.raises(FlashcoreInputError, match=needle):
