@@ -1,28 +1,54 @@
 #!/usr/bin/env bash
-# One call on the lent GPU: install, then the steps named on the command line, each logged under $OUT.
-#   bash scripts/gpu_session.sh smoke            build + test + bench the registry, fault fixtures
-#   STEPS are functions below; logs land in $OUT/<step>.log, JSON records in $OUT/*.json
+# One call on the lent GPU: install, then the steps named on the command line.
+#   bash scripts/gpu_session.sh smoke|ladder|shapes|stress|gputests ...
+# Each step's output is printed and logged; logs and JSON records come back packed in $OUT/logs.tgz
+# (the device returns only a few files). REGISTRY=path picks another registry.
 set -uo pipefail
 OUT=${OUT:-/tmp/flashcore-out}
+LOGS=$(mktemp -d)
 mkdir -p "$OUT"
+trap 'tar czf "$OUT/logs.tgz" -C "$LOGS" .' EXIT
 export PYTHONUNBUFFERED=1 FLASHCORE_CACHE=${FLASHCORE_CACHE:-/tmp/flashcore-cache}
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
+REG=${REGISTRY:-variants.yaml}
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$LOGS/install.log" 2>&1 || { cat "$LOGS/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv >"$LOGS/gpu.txt" 2>&1
 
-step() {  # step NAME COMMAND...: run, tee to $OUT/NAME.log, report rc
+step() {  # step NAME COMMAND...: run it, log it, report its exit code and time
   local name=$1; shift
   echo "=== $name: $*"
   local t0=$SECONDS
-  "$@" 2>&1 | tee "$OUT/$name.log"
+  "$@" 2>&1 | tee "$LOGS/$name.log"
   echo "=== $name rc=${PIPESTATUS[0]} ($((SECONDS - t0)) s)"
 }
 
-smoke() {
+smoke() {  # baseline end to end, and the hang/fault fixtures
   step build-cold flashcore build baseline
   step build-cached flashcore build baseline
-  step test-baseline flashcore test baseline --json "$OUT/test-baseline.json"
+  step test-baseline flashcore test baseline --json "$LOGS/test-baseline.json"
   step test-faults flashcore --registry tests/fixtures/faults.yaml test --all --timeout 20 --shapes "1,2,64,64"
-  step bench-mission flashcore bench baseline --shape 1,8,512,64 --json "$OUT/bench-mission.json"
+  step bench-mission flashcore bench baseline --shape 1,8,512,64 --json "$LOGS/bench-mission.json"
+}
+
+ladder() {  # every variant: parallel build, the full default test set, bench at both issue shapes
+  step build-all flashcore --registry "$REG" build --all
+  step test-all flashcore --registry "$REG" test --all --timeout 120 --json "$LOGS/test-all.json"
+  step bench-512 flashcore --registry "$REG" bench --all --shape 1,8,512,64 --json "$LOGS/bench-512.json"
+  step bench-4096 flashcore --registry "$REG" bench --all --shape 2,16,4096,64 --reps 100 --json "$LOGS/bench-4096.json"
+}
+
+shapes() {  # the fast rungs at the other issue shapes, beside SDPA's backends and Triton
+  step bench-4096-causal flashcore --registry "$REG" bench v8 v9 v10 v11 --shape 2,16,4096,64 --causal --reps 100 --json "$LOGS/bench-4096-causal.json"
+  step bench-4096-d128 flashcore --registry "$REG" bench v8 v9 v10 v11 --shape 2,16,4096,128 --reps 100 --json "$LOGS/bench-4096-d128.json"
+  step bench-4096-d128-causal flashcore --registry "$REG" bench v11 --shape 2,16,4096,128 --causal --reps 100 --json "$LOGS/bench-4096-d128-causal.json"
+  step bench-512-causal flashcore --registry "$REG" bench v11 --shape 1,8,512,64 --causal --json "$LOGS/bench-512-causal.json"
+}
+
+stress() {  # issue 4: 2,000 random-shape launches each, every one checked, under a timeout
+  step stress python3 scripts/stress.py v9 v10 --launches 2000 --timeout 400
+}
+
+gputests() {  # the gpu-marked pytest suite
+  step pytest-gpu python3 -m pytest -q -m gpu -x
 }
 
 for s in "$@"; do "$s"; done
