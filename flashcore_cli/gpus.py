@@ -1,0 +1,88 @@
+"""Spreading independent GPU jobs over every visible GPU of the host: one lane process per GPU.
+
+Each lane is a long-lived Python process pinned to one GPU through CUDA_VISIBLE_DEVICES; it runs the jobs it
+takes from a shared queue one at a time, and each job still runs its GPU work in an isolated worker of its
+own (isolate.run_worker), which inherits the lane's CUDA_VISIBLE_DEVICES. A lane never touches CUDA itself.
+Jobs must be picklable and `fn` a module-level function (lanes are started with 'spawn').
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import subprocess
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from flashcore_cli.errors import FlashcoreError
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs a job may be pinned to: CUDA_VISIBLE_DEVICES' entries when it is set, else nvidia-smi's indices."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        ids = [g.strip() for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",")]
+        visible = []
+        for g in ids:  # CUDA stops at the first entry that is not a device
+            if not g or g.startswith("-"):
+                break
+            visible.append(g)
+        return visible
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        out = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip().isdigit()]
+
+
+def _pin(gpu: str) -> None:
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+
+
+def map_on_gpus(fn, jobs: list, gpus: list[str], on_done=None) -> list:
+    """fn(job) for every job, each in the lane of some GPU; results in job order. on_done(index, result, gpu)
+    is called (from a lane's thread, under a lock) as each job finishes."""
+    if not gpus:
+        raise ValueError("no GPU to run on")
+    if not jobs:
+        return []
+    context = multiprocessing.get_context("spawn")
+    results: list = [None] * len(jobs)
+    pending = list(range(len(jobs)))
+    lock = threading.Lock()
+    failures: list[BaseException] = []
+
+    def lane(gpu: str) -> None:
+        with ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_pin, initargs=(gpu,)) as pool:
+            while True:
+                with lock:
+                    if not pending or failures:
+                        return
+                    index = pending.pop(0)
+                try:
+                    result = pool.submit(fn, jobs[index]).result()
+                except BrokenProcessPool:
+                    with lock:
+                        failures.append(FlashcoreError(f"the lane process of GPU {gpu} died (killed, or out of memory?)", exit_code=1))
+                    return
+                except BaseException as exc:  # a bug in fn: stop handing out jobs, re-raise below
+                    with lock:
+                        failures.append(exc)
+                    return
+                with lock:
+                    results[index] = result
+                    if on_done:
+                        on_done(index, result, gpu)
+
+    threads = [threading.Thread(target=lane, args=(g,), daemon=True) for g in gpus[: len(jobs)]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+    return results
