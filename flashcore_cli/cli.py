@@ -33,9 +33,11 @@ def handle_errors(fn):
         try:
             code = fn(*args, **kwargs)
         except FlashcoreError as exc:
+            from rich.markup import escape
+
             from flashcore_cli.commands import err_console
 
-            err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
             raise typer.Exit(exc.exit_code) from None
         raise typer.Exit(code or 0)
 

@@ -1,8 +1,144 @@
 """The playground's instruments (sanitize, profile, sass, sweep, compare, tune, doctor, new), registered onto
-the main app by register(). Like cli.py, this module only parses and delegates."""
+the main app by register(). Like cli.py, this module only parses and delegates: each command's work lives in
+the module of the same name (sanitize.py, profile.py, sass.py, sweep.py, compare.py, tune.py, doctor.py,
+scaffold.py), imported when the command runs so `flashcore --help` stays fast."""
 
 from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+Name = Annotated[str, typer.Argument(help="variant name or alias (see `flashcore list`)", show_default=False)]
+Shape = Annotated[Optional[str], typer.Option("--shape", help="B,H,S,D")]
+Causal = Annotated[bool, typer.Option("--causal", help="causal masking")]
+Arch = Annotated[Optional[str], typer.Option("--arch", help="target arch, e.g. sm_90 (default: the GPU present, else sm_90)")]
 
 
 def register(app, handle_errors) -> None:
     """Add the instrument commands to `app`; each is wrapped in handle_errors like the core commands."""
+
+    @app.command()
+    @handle_errors
+    def sanitize(
+        ctx: typer.Context,
+        name: Name,
+        *,
+        tool: Annotated[str, typer.Option("--tool", help="memcheck, racecheck, synccheck or initcheck")] = "memcheck",
+        shape: Annotated[Optional[str], typer.Option("--shape", help="B,H,S,D (default: 1,2,97,<first head dim>)")] = None,
+        causal: Causal = False,
+        timeout: Annotated[float, typer.Option("--timeout", help="seconds for the sanitized run before it is killed")] = 600.0,
+        show: Annotated[int, typer.Option("--show", help="how many reported problems to print")] = 5,
+        arch: Arch = None,
+    ) -> int:
+        """Run a variant once on a small shape under compute-sanitizer; exit 1 on any error."""
+        from flashcore_cli.sanitize import run_sanitize
+
+        return run_sanitize(ctx.obj["registry"], name, tool, shape, causal, timeout, show, arch)
+
+    @app.command()
+    @handle_errors
+    def profile(
+        ctx: typer.Context,
+        name: Name,
+        *,
+        shape: Annotated[Optional[str], typer.Option("--shape", help="B,H,S,D (default: the mission shape 1,8,512,64)")] = None,
+        causal: Causal = False,
+        timeout: Annotated[float, typer.Option("--timeout", help="seconds for the profiled run before it is killed")] = 600.0,
+        arch: Arch = None,
+    ) -> int:
+        """Nsight Compute on a variant's kernels only (clocks not locked): a short table, the .ncu-rep kept."""
+        from flashcore_cli.profile import run_profile
+
+        return run_profile(ctx.obj["registry"], name, shape, causal, timeout, arch)
+
+    @app.command()
+    @handle_errors
+    def sass(
+        ctx: typer.Context,
+        name: Name,
+        *,
+        arch: Arch = None,
+        out: Annotated[Optional[str], typer.Option("--out", help="write the whole SASS listing to this file")] = None,
+    ) -> int:
+        """The SASS of a variant's kernels (cuobjdump) and its instruction mix — no GPU needed."""
+        from flashcore_cli.sass import run_sass
+
+        return run_sass(ctx.obj["registry"], name, arch, out)
+
+    @app.command()
+    @handle_errors
+    def sweep(
+        ctx: typer.Context,
+        names: Annotated[Optional[list[str]], typer.Argument(help="variants (default: all)", show_default=False)] = None,
+        *,
+        seq: Annotated[Optional[str], typer.Option("--seq", help="sequence lengths, e.g. 512,1024,2048 (default: 512 ... 16384)")] = None,
+        batch: Annotated[int, typer.Option("--batch", help="B")] = 1,
+        heads: Annotated[int, typer.Option("--heads", help="H")] = 8,
+        dim: Annotated[int, typer.Option("--dim", help="head dim D")] = 64,
+        causal: Causal = False,
+        plot: Annotated[Optional[str], typer.Option("--plot", help="draw the chart to this PNG (needs matplotlib)")] = None,
+        reps: Annotated[int, typer.Option("--reps", help="timed calls per row and point (at least 100)")] = 100,
+        warmup: Annotated[int, typer.Option("--warmup", help="untimed calls first")] = 10,
+        timeout: Annotated[float, typer.Option("--timeout", help="seconds per variant and point (after its build)")] = 300.0,
+        json_path: Annotated[Optional[str], typer.Option("--json", help="also write the record to this JSON file")] = None,
+        arch: Arch = None,
+    ) -> int:
+        """Time variants and the references along the sequence length, over every visible GPU; record and chart."""
+        from flashcore_cli.sweep import run_sweep
+
+        return run_sweep(ctx.obj["registry"], names, seq, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch)
+
+    @app.command()
+    @handle_errors
+    def compare(
+        a: Annotated[str, typer.Argument(help="the earlier run's record (bench or sweep JSON)", show_default=False)],
+        b: Annotated[str, typer.Argument(help="the later run's record", show_default=False)],
+        *,
+        threshold: Annotated[float, typer.Option("--threshold", help="slower by more than this fraction (and beyond the spread) fails")] = 0.05,
+    ) -> int:
+        """Faster / slower / same per row of two run records; exit 1 on a regression (for CI)."""
+        from flashcore_cli.compare import run_compare
+
+        return run_compare(a, b, threshold)
+
+    @app.command()
+    @handle_errors
+    def tune(
+        ctx: typer.Context,
+        name: Name,
+        *,
+        param: Annotated[Optional[list[str]], typer.Option("--param", help="NAME=v1,v2 (repeat; default: the registry's values)")] = None,
+        shape: Annotated[Optional[str], typer.Option("--shape", help="B,H,S,D to time at (default: 1,8,512,64)")] = None,
+        causal: Causal = False,
+        reps: Annotated[int, typer.Option("--reps", help="timed calls per trial (at least 100)")] = 100,
+        warmup: Annotated[int, typer.Option("--warmup", help="untimed calls first")] = 10,
+        timeout: Annotated[float, typer.Option("--timeout", help="seconds per trial (after its build)")] = 600.0,
+        arch: Arch = None,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="show the grid, constraints and ptxas limits only (no GPU)")] = False,
+    ) -> int:
+        """Search a variant's declared -D parameters; store the fastest correct one for this GPU."""
+        from flashcore_cli.tune import run_tune
+
+        return run_tune(ctx.obj["registry"], name, param, shape, causal, reps, warmup, timeout, arch, dry_run)
+
+    @app.command()
+    @handle_errors
+    def doctor(ctx: typer.Context) -> int:
+        """GPU, driver, CUDA, torch, triton, ninja, ncu, compute-sanitizer, cache: what is here and what to do."""
+        from flashcore_cli.doctor import run_doctor
+
+        return run_doctor(ctx.obj["registry"])
+
+    @app.command()
+    @handle_errors
+    def new(
+        ctx: typer.Context,
+        name: Annotated[str, typer.Argument(help="the new variant's name (letters, digits, '_')", show_default=False)],
+        *,
+        from_: Annotated[str, typer.Option("--from", help="the variant to start from, e.g. v8")],
+    ) -> int:
+        """Scaffold a variant from another: kernels/NAME.cu with a fresh header, renamed kernels, a registry entry."""
+        from flashcore_cli.scaffold import run_new
+
+        return run_new(ctx.obj["registry"], name, from_)

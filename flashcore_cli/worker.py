@@ -3,7 +3,9 @@
     python -m flashcore_cli.worker SPEC.json
 
 Tasks: "build" (build one variant), "test" (build, then check cases), "bench" (build, check the bench
-shape, then time it), "references" (time PyTorch SDPA's backends and the Triton reference). Progress goes
+shape, then time it), "references" (time PyTorch SDPA's backends and the Triton reference), "launch"
+(call a variant a few times for compute-sanitizer or ncu to watch), "trial" (one tuning combination:
+check, then time). Progress goes
 to the spec's events file as JSON lines; the last line of a clean run is {"event": "done"}.
 """
 
@@ -125,7 +127,72 @@ def task_references(spec: dict, events: Events) -> None:
         events.emit("timing", name=name, **timing.as_dict())
 
 
-TASKS = {"build": task_build, "test": task_test, "bench": task_bench, "references": task_references}
+def task_launch(spec: dict, events: Events) -> None:
+    """Call the variant `calls` times on one case and nothing else: the process compute-sanitizer or ncu
+    watches (sanitize/profile build the variant beforehand, so this only loads it from the cache)."""
+    import torch
+
+    from flashcore_cli.check import make_inputs
+
+    attn = _build(spec, events)
+    if attn is None:
+        return
+    case = Case.from_dict(spec["case"])
+    q, k, v = make_inputs(case)
+    out = torch.full_like(q, float("nan"))
+    events.emit("case-start", case=case.as_dict())
+    try:
+        for _ in range(spec.get("calls", 1)):
+            attn(q, k, v, causal=case.causal, out=out)
+        torch.cuda.synchronize()
+    except Exception as exc:
+        _crash(events, exc, case.label())
+        return
+    events.emit("launched", calls=spec.get("calls", 1), kernels=[p[0] for p in attn.plan(case.shape.head_dim)])
+
+
+def task_trial(spec: dict, events: Events) -> None:
+    """One tuning trial: build with exactly spec["defines"] (spec["ignore_tuned"] keeps the stored winner
+    out), check every case, and time spec["case"] only if all passed."""
+    import torch
+
+    from flashcore_cli.check import check_case, make_inputs
+    from flashcore_cli.timing import time_callable
+
+    attn = _build(spec, events)
+    if attn is None:
+        return
+    events.emit("device", gpu=torch.cuda.get_device_name())
+    for raw in spec["cases"]:
+        case = Case.from_dict(raw)
+        events.emit("case-start", case=case.as_dict())
+        try:
+            result = check_case(attn, case)
+        except Exception as exc:
+            _crash(events, exc, case.label())
+            return
+        events.emit("case", **result.__dict__)
+        if result.status != "OK":
+            return  # never time a configuration that failed correctness
+    case = Case.from_dict(spec["case"])
+    q, k, v = make_inputs(case)
+    out = torch.empty_like(q)
+    try:
+        timing = time_callable(lambda: attn(q, k, v, causal=case.causal, out=out), reps=spec["reps"], warmup=spec["warmup"])
+    except Exception as exc:
+        _crash(events, exc, f"timing {case.label()}")
+        return
+    events.emit("timing", name=attn.name, key=attn.build.key, **timing.as_dict())
+
+
+TASKS = {
+    "build": task_build,
+    "test": task_test,
+    "bench": task_bench,
+    "references": task_references,
+    "launch": task_launch,
+    "trial": task_trial,
+}
 
 
 def main(argv: list[str]) -> int:
