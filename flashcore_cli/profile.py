@@ -44,8 +44,13 @@ METRICS = [
     BANK_LD, BANK_ST, *(f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in STALL_REASONS),
 ]  # fmt: skip
 
-_SECONDS = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0}
-_BYTES_PER_SECOND = {"byte/second": 1.0, "Kbyte/second": 1e3, "Mbyte/second": 1e6, "Gbyte/second": 1e9, "Tbyte/second": 1e12}
+# ncu --print-units base writes "ns" and "byte/s" (seen on the lent H200, ncu 2025.3); the long spellings
+# are what --print-units auto can produce.
+_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0}
+_BYTES_PER_SECOND = {
+    "byte/s": 1.0, "Kbyte/s": 1e3, "Mbyte/s": 1e6, "Gbyte/s": 1e9, "Tbyte/s": 1e12,
+    "byte/second": 1.0, "Kbyte/second": 1e3, "Mbyte/second": 1e6, "Gbyte/second": 1e9, "Tbyte/second": 1e12,
+}  # fmt: skip
 COUNTERS_DENIED = "ERR_NVGPUCTRPERM"
 
 

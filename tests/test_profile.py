@@ -15,16 +15,17 @@ runner = CliRunner()
 
 
 def test_details_csv_gives_the_table_values():
-    (k,) = parse_ncu_details((INSTRUMENTS / "ncu_details_baseline.csv").read_text())
+    (k,) = parse_ncu_details((INSTRUMENTS / "ncu_details_v11.csv").read_text())
     s = k.summary()
-    assert s["kernel"] == "void baseline_fwd<64>(FlashcoreParams)" and s["grid"] == "(8, 8, 1)"
-    assert s["duration_us"] == pytest.approx(687.904)
-    assert s["sm_throughput_pct"] == pytest.approx(21.04)
-    assert s["dram_bytes_per_s"] == pytest.approx(11_642_125_318.4)  # thousands separators read
-    assert s["achieved_occupancy_pct"] == pytest.approx(3.12)
-    assert [r for r, _ in s["top_stalls"]] == ["wait", "math_pipe_throttle", "short_scoreboard"]
-    assert (s["smem_bank_conflicts_ld"], s["smem_bank_conflicts_st"]) == (4096, 128)
-    assert k.metrics["Duration"] == ("nsecond", 687904.0)  # section metrics are kept too
+    assert s["kernel"] == "void v11_fwd<64, 32, 16, 16, 2, 8, 1>(FlashcoreParams)" and s["grid"] == "(8, 16, 1)"
+    assert s["duration_us"] == pytest.approx(8.384)  # "8,384" ns: thousands separators and base units read
+    assert s["sm_throughput_pct"] == pytest.approx(34.53)
+    assert s["dram_bytes_per_s"] == pytest.approx(189_893_129_770.99)
+    assert s["achieved_occupancy_pct"] == pytest.approx(23.43)
+    assert s["tensor_hmma_pct"] == pytest.approx(13.63) and s["tensor_gmma_pct"] is None
+    assert [r for r, _ in s["top_stalls"]] == ["wait", "short_scoreboard", "not_selected"]
+    assert (s["smem_bank_conflicts_ld"], s["smem_bank_conflicts_st"]) == (65536, 0)
+    assert k.metrics["Duration"] == ("ns", 8384.0)  # section metrics are kept too
 
 
 def test_launches_are_grouped_and_the_profiler_preamble_skipped():
@@ -80,7 +81,7 @@ def test_profile_baseline(tmp_path, monkeypatch):
 
 def test_the_command_end_to_end_with_a_replayed_report(monkeypatch, tmp_path):
     """No GPU: ncu's run is replayed. The first attempt names a metric this ncu lacks, so it is dropped and the
-    profile taken again; the report read back is ncu_details_baseline.csv."""
+    profile taken again; the report read back is ncu_details_v11.csv."""
     from pathlib import Path
 
     from flashcore_cli import commands, isolate, profile, ptxas
@@ -106,7 +107,7 @@ def test_the_command_end_to_end_with_a_replayed_report(monkeypatch, tmp_path):
     kernels = [KernelResources("m", f"void baseline_fwd<{d}>(FlashcoreParams)", "sm_90") for d in (64, 128)]
     monkeypatch.setattr(ptxas, "compile_probe", lambda variant, arch, extra_defines=None: VariantReport("baseline", arch, kernels))
     monkeypatch.setattr(isolate, "run_worker", fake_run_worker)
-    monkeypatch.setattr(profile, "read_report", lambda ncu, report: parse_ncu_details((INSTRUMENTS / "ncu_details_baseline.csv").read_text()))
+    monkeypatch.setattr(profile, "read_report", lambda ncu, report: parse_ncu_details((INSTRUMENTS / "ncu_details_v11.csv").read_text()))
     monkeypatch.setattr(commands, "require_gpu", lambda command: None)
     monkeypatch.setattr(cudatools, "locate", lambda tool: Path("/opt/nsight-compute") / tool)
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path))
@@ -117,7 +118,7 @@ def test_the_command_end_to_end_with_a_replayed_report(monkeypatch, tmp_path):
     assert prefix[prefix.index("--clock-control") + 1] == "none"
     assert prefix[prefix.index("--kernel-name") + 1] == "regex:^(baseline_fwd)(<|\\(|$)"
     out = " ".join(result.output.split())
-    assert "687.90 us" in out and "wait 4.46" in out and "4,096 / 128" in out and "not available" in out
+    assert "8.38 us" in out and "wait 1.70" in out and "65,536 / 0" in out
     (report,) = tmp_path.glob("profile-*-baseline-1_8_512_64.ncu-rep")
     assert report.read_bytes() == b"report"
 
