@@ -47,6 +47,43 @@ stress() {  # issue 4: 2,000 random-shape launches each, every one checked, unde
   step stress python3 scripts/stress.py v9 v10 --launches 2000 --timeout 400
 }
 
+sanitizers() {  # issue 4's sanitizer runs and issue 6's sanitize command
+  export FLASHCORE_RESULTS=$LOGS/results
+  step doctor flashcore doctor
+  step sanitize-baseline flashcore sanitize baseline
+  step sanitize-fault flashcore --registry tests/fixtures/faults.yaml sanitize fault --shape 1,2,64,64
+  for v in v9 v10; do
+    for tool in memcheck racecheck synccheck; do
+      step "sanitize-$v-$tool" flashcore sanitize "$v" --tool "$tool" --shape 1,2,97,64 --causal
+    done
+  done
+  step sanitize-v9-wide flashcore sanitize v9 --tool racecheck --shape 1,132,97,64
+}
+
+racecheck() {  # v9's pair merge after the bar.sync fix, small and wide shapes
+  export FLASHCORE_RESULTS=$LOGS/results
+  step sanitize-v9-racecheck flashcore sanitize v9 --tool racecheck --shape 1,2,97,64 --causal
+  step sanitize-v9-racecheck-d128 flashcore sanitize v9 --tool racecheck --shape 1,2,97,128
+}
+
+instruments() {  # issue 6's other commands
+  export FLASHCORE_RESULTS=$LOGS/results
+  step profile-v11 flashcore profile v11 --shape 1,8,512,64
+  step sass-v11 flashcore sass v11
+  step sweep flashcore sweep v8 v9 v10 v11 --seq 512,1024,2048,4096 --reps 100 --plot "$OUT/sweep.png"
+  step bench-a flashcore bench v10 v11 --reps 100
+  step bench-b flashcore bench v10 v11 --reps 100
+  step compare bash -c "flashcore compare \$(ls $LOGS/results/bench-*.json | tail -2 | tr '\n' ' ')"
+  step tune-v10 flashcore tune v10 --param V10_BLOCK_N=64 --param V10_STAGES=2,3 --reps 100
+  step ncu-csv bash -c "ncu --import \$(ls $LOGS/results/profile-*.ncu-rep | head -1) --csv --page details --print-units base"
+}
+
+tune_d128() {  # v11's D=128 long path: tune, then bench with the stored winner beside FA2
+  export FLASHCORE_RESULTS=$LOGS/results
+  step tune-v11-d128 flashcore tune v11 --shape 2,16,4096,128 --reps 100
+  step bench-4096-d128-tuned flashcore bench v11 --shape 2,16,4096,128 --reps 100
+}
+
 gputests() {  # the gpu-marked pytest suite
   step pytest-gpu python3 -m pytest -q -m gpu -x
 }
