@@ -29,12 +29,34 @@
 // sequence end build element masks, and the query tiles launch heaviest-first (grid x = batch * head,
 // y = query tile, reversed).
 //
+// On sm_90 the short regime goes further: a cluster split-K kernel (v11_cluster_fwd) splits the (query x key)
+// plane in 2D across SMs. The short kernel's 32-row CTAs each stream the whole head's K and V (128 KB at
+// 1,8,512,64) through a 2-stage ring, four refill round trips in lockstep (ncu: 8.4 us, DRAM 4%, L2 12%,
+// 23% occupancy, measured 10.5 us vs cuDNN's 11.7). A cluster CTA owns 128 query rows and one 128-key chunk:
+// Q_i (16 KB) and the chunk's K_j, V_j (32 KB) are issued at once, one DRAM round trip and no ring, and
+// 1,8,512,64 is still 128 CTAs (8 heads x 4 query tiles x 4 chunks). The ceil(S / 128) chunk CTAs of a
+// query tile form one cluster; each leaves unnormalised (m_i, l_i, O_i) in its own shared memory, and after
+// a cluster barrier rank r merges a 1/n slice of the rows from all n ranks over distributed shared memory
+// (ld.shared::cluster) and writes them with 16-byte stores; a second barrier keeps every CTA's shared memory
+// alive until its readers are done. Used when the regime is short, S <= 8 chunks (1024 keys: a portable
+// cluster) and the device and the build are sm_90; causal is supported (chunks past a tile's diagonal load
+// nothing and contribute m = -inf); otherwise the in-CTA split above runs. Per SM that is 48 KB loaded
+// instead of ~132 KB. It is OFF by default (-D V11_CLUSTER=1 turns it on): predicted ~4 us of kernel, it
+// measured 14.9 us under ncu at 1,8,512,64 (SM throughput 9%, achieved occupancy 12.5%, top stall
+// long_scoreboard 2.54 cycles per instruction) and 17.3 us in the bench against 10.5 us for the in-CTA
+// split (12.0 us with 64-row cluster CTAs). Where the time goes is not found yet: it is correct (tests,
+// 2,000 random shapes, memcheck and racecheck clean on 1,8,512,64, 1,4,1000,64 and 1,4,1000,128), and kept
+// as the experiment to finish.
+//
 // Configuration: one per head dim and regime, each overridable with -D (V11_<SLOT>_<PARAM>, below):
 //   slot        used when (pick_regime)                D   BLOCK_M BLOCK_N WARP_M STAGES SPLIT MIN_BLOCKS warps smem
 //   LONG_D64    B*H*ceil(S/128) >= SMs (fills the GPU)  64     128     64     32      2     1      2        4  48 KB
 //   LONG_D128                                          128     128     32     32      2     1      2        4  64 KB
 //   SHORT_D64   fewer CTAs than SMs: it would idle      64      32     16     16      2     8      1       16  74 KB
 //   SHORT_D128                                         128      32     16     16      2     4      1        8  72 KB
+//   CLUSTER_D64  short, sm_90, S <= 8 * CHUNK_N         64     128     64     16      -     -      1        8  48 KB
+//   CLUSTER_D128                                       128     128     64     16      -     -      1        8  96 KB
+//   (cluster: BLOCK_N = keys per warp per tile, CHUNK_N = 128 keys per CTA = per cluster rank, all loaded at once)
 // Why: 32 rows per warp (FA2's choice on sm_90: 128 rows, 4 warps) reads each K/V fragment once for two m16
 // tiles. At 16 rows every mma needs 256 B of ldmatrix traffic, and 128 B/clk of shared-memory bandwidth caps
 // the mma at ~470 TFLOP/s on an H100 before any softmax work; at 32 rows the tensor pipe is the limit. The
@@ -44,6 +66,10 @@
 // per SM) on 1,8,512,64; 8 key groups of 2 warps each walk 64 keys in 4 tiles of 16, and the 4 warps per
 // scheduler cover each other's softmax and barrier latency (4 groups x 32 keys, 8 warps, is the next thing
 // to try); two 128-key stages fit 99 KB. At D=128 a 128-key stage is 64 KB, so 4 groups x 16 keys.
+// Cluster: 128 rows x 128 keys is what makes 1,8,512,64 exactly 128 CTAs with everything loaded at once;
+// 16-row warps give 8 warps (2 per scheduler) where 32-row warps would give 4; each warp walks its chunk in
+// two 64-key tiles, each tile's K and V its own cp.async group, so S = Q K_0^T starts when a quarter of
+// the bytes has landed. At D=128 the same tile is 96 KB, under the 99 KB limit.
 //
 // Tuning (-D V11_<SLOT>_<PARAM>=value; SLOT = LONG_D64, LONG_D128, SHORT_D64, SHORT_D128):
 //   BLOCK_M     query rows per CTA              a multiple of WARP_M
@@ -54,14 +80,18 @@
 //   MIN_BLOCKS  __launch_bounds__ min CTAs/SM   >= 1 (caps registers at 64K / (threads * MIN_BLOCKS))
 //   and V11_SPLIT_BELOW_WAVES (default 1): SHORT when B*H*ceil(S/LONG BLOCK_M) < that many waves of SMs;
 //   V11_RESCALE_LOG2 (default 0.f; 8.f is FlashAttention-4's lazy rescale, see online_softmax).
+//   Cluster path (SLOT = CLUSTER_D64, CLUSTER_D128): BLOCK_M (query rows per CTA, a multiple of WARP_M),
+//   CHUNK_N (keys per CTA, a multiple of BLOCK_N, at most 8 tiles), BLOCK_N (16..128), WARP_M (16 or 32);
+//   V11_CLUSTER (default 0; 1 builds and uses the path), V11_CLUSTER_MAX (default 8, at most 8: the
+//   largest cluster, so the path takes S <= CLUSTER_MAX * CHUNK_N). Shared memory: max(BLOCK_M*D*2 +
+//   2*CHUNK_N*D*2, BLOCK_M*(8 + 4*(D+8))) <= 101376 B (static_assert in V11ClusterConfig).
 // Restrictions (static_asserts in V11Config): (BLOCK_M / WARP_M) * SPLIT <= 16 warps; shared memory
 // BLOCK_M*D*2 + STAGES*4*SPLIT*BLOCK_N*D <= 101376 B, and for SPLIT > 1 the merge buffer
 // SPLIT*BLOCK_M*(8 + 4*(D+8)) too; threads / (D/8) a multiple of 8. Not asserted, check ptxas: spills
 // (WARP_M=32 with BLOCK_N >= 48 at D=128, or >= 128 at D=64, spill; so does MIN_BLOCKS above what the
 // registers allow).
 // Rejected: one ring per split group with named barriers — the same bytes in flight as one shared ring of
-// kSplit * kBlockN keys, for more code. Grid x = query tile: under causal masking the heavy tiles of the
-// last heads would then run in the last wave.
+// kSplit * kBlockN keys, for more code.
 //
 // Run:  flashcore test v11 && flashcore bench v11 --shape 1,8,512,64 && flashcore bench v11 --shape 2,16,4096,64
 //
@@ -71,8 +101,13 @@
 //   v11_fwd<64, 32, 16, 16, 2, 8, 1>          512      75,776 B        106 | 104
 //   v11_fwd<128, 128, 32, 32, 2, 1, 2>        128      65,536 B        254 | 248    (2 CTAs/SM)
 //   v11_fwd<128, 32, 16, 16, 2, 4, 1>         256      73,728 B        174 | 168
+//   v11_cluster_fwd<64, 128, 128, 64, 16>     256      49,152 B        146 | 4      (sm_89: a trap stub)
+//   v11_cluster_fwd<128, 128, 128, 64, 16>    256      98,304 B        210 | 4
 // SASS (sm_90, cuobjdump): HMMA.16816.F32, LDSM.16.M88.4 / LDSM.16.MT88.4, LDGSTS.E.BYPASS.128, CCTL.E.PF2
-// (the L2 prefetch); no LDL / STL.
+// (the L2 prefetch); no LDL / STL. Cluster kernel: UCGABAR_ARV / UCGABAR_WAIT, LD.E.64 / LD.E.128 (the DSMEM
+// loads, all issued before the first use), STG.E.128 (an inline st.global.v4: nvcc splits a uint4 built
+// from packed halves into four STG.E), one MEMBAR.ALL.GPU (the release of the first cluster barrier; the
+// exit barrier arrives relaxed so it does not wait for the output stores).
 // Measured on the lent H100: (filled in from the lead's bench run)
 #include "flashcore.h"
 #include "mma_sm80.cuh"
@@ -158,6 +193,36 @@
 #ifndef V11_SPLIT_BELOW_WAVES
 #define V11_SPLIT_BELOW_WAVES 1
 #endif
+#ifndef V11_CLUSTER
+#define V11_CLUSTER 0  // off: measured slower than the in-CTA split (see the header)
+#endif
+#ifndef V11_CLUSTER_MAX
+#define V11_CLUSTER_MAX 8
+#endif
+#ifndef V11_CLUSTER_D64_BLOCK_M
+#define V11_CLUSTER_D64_BLOCK_M 128
+#endif
+#ifndef V11_CLUSTER_D64_CHUNK_N
+#define V11_CLUSTER_D64_CHUNK_N 128
+#endif
+#ifndef V11_CLUSTER_D64_BLOCK_N
+#define V11_CLUSTER_D64_BLOCK_N 64
+#endif
+#ifndef V11_CLUSTER_D64_WARP_M
+#define V11_CLUSTER_D64_WARP_M 16
+#endif
+#ifndef V11_CLUSTER_D128_BLOCK_M
+#define V11_CLUSTER_D128_BLOCK_M 128
+#endif
+#ifndef V11_CLUSTER_D128_CHUNK_N
+#define V11_CLUSTER_D128_CHUNK_N 128
+#endif
+#ifndef V11_CLUSTER_D128_BLOCK_N
+#define V11_CLUSTER_D128_BLOCK_N 64
+#endif
+#ifndef V11_CLUSTER_D128_WARP_M
+#define V11_CLUSTER_D128_WARP_M 16
+#endif
 
 constexpr int kMaxSmemBytes = 101376;  // the L4's 99 KB opt-in limit per block
 constexpr int kMaxWarps = 16;
@@ -217,7 +282,7 @@ struct V11Config {
   static_assert(kSmemBytes <= kMaxSmemBytes, "shared memory: at most 99 KB per block (the L4's limit)");
 };
 
-// Configuration slots: the launcher uses exactly these four kernels.
+// Configuration slots: the launcher uses exactly these four kernels, and the two cluster ones below.
 using LongD64 = V11Config<64, V11_LONG_D64_BLOCK_M, V11_LONG_D64_BLOCK_N, V11_LONG_D64_WARP_M,
                           V11_LONG_D64_STAGES, V11_LONG_D64_SPLIT, V11_LONG_D64_MIN_BLOCKS>;
 using LongD128 = V11Config<128, V11_LONG_D128_BLOCK_M, V11_LONG_D128_BLOCK_N, V11_LONG_D128_WARP_M,
@@ -226,6 +291,64 @@ using ShortD64 = V11Config<64, V11_SHORT_D64_BLOCK_M, V11_SHORT_D64_BLOCK_N, V11
                            V11_SHORT_D64_STAGES, V11_SHORT_D64_SPLIT, V11_SHORT_D64_MIN_BLOCKS>;
 using ShortD128 = V11Config<128, V11_SHORT_D128_BLOCK_M, V11_SHORT_D128_BLOCK_N, V11_SHORT_D128_WARP_M,
                             V11_SHORT_D128_STAGES, V11_SHORT_D128_SPLIT, V11_SHORT_D128_MIN_BLOCKS>;
+
+// The cluster split-K configuration (sm_90, short sequences). Each CTA owns kBlockM query rows and one
+// chunk of kChunkN keys, loaded whole at once; the ceil(S / kChunkN) CTAs of one query tile form a cluster
+// and merge their (m_i, l_i, O_i) through distributed shared memory. The members the shared device
+// helpers read (kBlockN = keys per warp per tile, kMTiles, kNTiles, ...) mean what they mean in V11Config.
+// Shared-memory layout (byte offsets):
+//   main loop   Q_i   [0, kQBytes)                              [kBlockM][kHeadDim] fp16, swizzled
+//               K_j   [kQBytes, kQBytes + kKvBytes)             [kChunkN][kHeadDim] fp16, swizzled
+//               V_j   [kQBytes + kKvBytes, kLoopBytes)          [kChunkN][kHeadDim] fp16, swizzled
+//   merge (reuses the same bytes after a __syncthreads; peers read it between the two cluster barriers)
+//               stats [0, kStatsBytes)                          [kBlockM] float2 (m_i * scale * log2 e, l_i)
+//               O_i   [kStatsBytes, kMergeBytes)                [kBlockM][kOStride] fp32, unnormalised
+// Every region starts on a 128-byte boundary (rows of 128 or 256 bytes, kBlockM a multiple of 16).
+template <int kHeadDim_, int kBlockM_, int kChunkN_, int kBlockN_, int kWarpM_>
+struct V11ClusterConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // Br: query rows per CTA (and per cluster)
+  static constexpr int kChunkN = kChunkN_;  // keys per CTA: the cluster's rank r takes keys [r, r + 1) * kChunkN
+  static constexpr int kBlockN = kBlockN_;  // Bc: keys per warp per tile (one cp.async group each for K, V)
+  static constexpr int kWarpM = kWarpM_;    // query rows per warp
+  static constexpr int kMaxCluster = V11_CLUSTER_MAX;
+
+  static constexpr int kMTiles = kWarpM / 16;
+  static constexpr int kNTiles = kBlockN / 8;
+  static constexpr int kDTiles = kHeadDim / 8;
+  static constexpr int kKChunks = kHeadDim / 16;
+  static constexpr int kTiles = kChunkN / kBlockN;  // tiles per chunk
+  static constexpr int kWarps = kBlockM / kWarpM;
+  static constexpr int kThreads = kWarps * fc::kWarpSize;
+  static constexpr int kChunks = kHeadDim / 8;
+  static constexpr int kRowBytes = kHeadDim * 2;
+  static constexpr bool kQInRegs = kMTiles * kHeadDim <= 128;
+
+  static constexpr int kQBytes = kBlockM * kRowBytes;
+  static constexpr int kKvBytes = kChunkN * kRowBytes;
+  static constexpr int kLoopBytes = kQBytes + 2 * kKvBytes;
+  static constexpr int kOStride = kHeadDim + 8;  // as V11Config: float2 fragment stores free of conflicts
+  static constexpr int kStatsBytes = kBlockM * 8;
+  static constexpr int kMergeBytes = kStatsBytes + kBlockM * kOStride * 4;
+  static constexpr int kSmemBytes = kLoopBytes > kMergeBytes ? kLoopBytes : kMergeBytes;
+
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
+  static_assert(kWarpM == 16 || kWarpM == 32, "CLUSTER WARP_M: 16 or 32 query rows per warp");
+  static_assert(kBlockM % kWarpM == 0 && kBlockM >= kWarpM, "CLUSTER BLOCK_M: a multiple of WARP_M");
+  static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 128, "CLUSTER BLOCK_N: a multiple of 16 in 16..128");
+  static_assert(kChunkN % kBlockN == 0, "CLUSTER CHUNK_N: a multiple of BLOCK_N");
+  static_assert(2 * kTiles <= 16, "CLUSTER CHUNK_N / BLOCK_N: at most 8 tiles (cp_async_wait_n's range)");
+  static_assert(kMaxCluster >= 1 && kMaxCluster <= 8, "CLUSTER_MAX: 1..8 CTAs (the portable cluster size)");
+  static_assert(kWarps <= kMaxWarps, "CLUSTER BLOCK_M / WARP_M: at most 16 warps per CTA");
+  static_assert(kThreads % kChunks == 0 && (kThreads / kChunks) % 8 == 0,
+                "a CTA-wide copy pass must cover whole 8-row swizzle periods");
+  static_assert(kSmemBytes <= kMaxSmemBytes, "shared memory: at most 99 KB per block (the L4's limit)");
+};
+
+using ClusterD64 = V11ClusterConfig<64, V11_CLUSTER_D64_BLOCK_M, V11_CLUSTER_D64_CHUNK_N, V11_CLUSTER_D64_BLOCK_N,
+                                    V11_CLUSTER_D64_WARP_M>;
+using ClusterD128 = V11ClusterConfig<128, V11_CLUSTER_D128_BLOCK_M, V11_CLUSTER_D128_CHUNK_N,
+                                     V11_CLUSTER_D128_BLOCK_N, V11_CLUSTER_D128_WARP_M>;
 
 // kRows x kChunks 16-byte chunks of a [S, D] slice, rows first_row.., into a swizzled tile. Rows at or past
 // valid_rows are zeroed with a plain shared store instead (never read from global memory), so the copies
@@ -396,7 +519,89 @@ __device__ __forceinline__ void accumulate_pv(const float (&s)[Cfg::kMTiles][Cfg
   }
 }
 
-// Grid: x = batch * heads (fastest, so a wave holds the same query tile of many heads), y = query tile.
+// cp.async.wait_group with a count known only after unrolling (the switch folds away).
+__device__ __forceinline__ void cp_async_wait_n(int pending) {
+  switch (pending) {
+    case 0: fc::cp_async_wait<0>(); break;
+    case 1: fc::cp_async_wait<1>(); break;
+    case 2: fc::cp_async_wait<2>(); break;
+    case 3: fc::cp_async_wait<3>(); break;
+    case 4: fc::cp_async_wait<4>(); break;
+    case 5: fc::cp_async_wait<5>(); break;
+    case 6: fc::cp_async_wait<6>(); break;
+    case 7: fc::cp_async_wait<7>(); break;
+    case 8: fc::cp_async_wait<8>(); break;
+    case 9: fc::cp_async_wait<9>(); break;
+    case 10: fc::cp_async_wait<10>(); break;
+    case 11: fc::cp_async_wait<11>(); break;
+    case 12: fc::cp_async_wait<12>(); break;
+    case 13: fc::cp_async_wait<13>(); break;
+    case 14: fc::cp_async_wait<14>(); break;
+    default: fc::cp_async_wait<15>(); break;
+  }
+}
+
+// One 16-byte global store of four registers (a uint4 assembled from computed halves is split by nvcc
+// into four 4-byte stores).
+__device__ __forceinline__ void st_global_16(void* ptr, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Thread-block clusters (sm_90): this CTA's rank, the cluster's size, a cluster-wide barrier whose arrive
+// releases and whose wait acquires this CTA's shared-memory writes, and loads from a peer's shared memory.
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t cluster_size() {
+  uint32_t n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+  return n;
+}
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// The same barrier without the release (whose MEMBAR.ALL.GPU would wait for this CTA's output stores): for
+// the exit barrier, which orders only DSMEM loads whose values were already consumed before the arrive.
+__device__ __forceinline__ void cluster_sync_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
+// The shared::cluster address of `smem_address` (a shared::cta address of this CTA) in CTA `rank`.
+__device__ __forceinline__ uint32_t map_to_rank(uint32_t smem_address, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(smem_address), "r"(rank));
+  return r;
+}
+
+__device__ __forceinline__ float2 ld_cluster_f2(uint32_t address) {
+  float2 r;
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(r.x), "=f"(r.y) : "r"(address) : "memory");
+  return r;
+}
+
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t address) {
+  float4 r;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
+               : "r"(address)
+               : "memory");
+  return r;
+}
+#endif
+
+// Grid order, measured at 2,16,4096 on the lent H200: at D=64 non-causal, x = query tile and y = batch * heads
+// (every query tile of a few heads per wave) ran 438 us (314 TFLOP/s) against 458 us (300) with batch * heads
+// on x; at D=128 the same change went the other way, 820 -> 837 us. (Predicted +3% at D=128 from L2: the
+// CTAs of a head walk K/V in lockstep either order, so the working set is a window, not all 64 MB of K/V.)
+// So query tile first only for D=64 non-causal. Causal keeps x = batch * heads, y = query tile reversed:
+// a wave holds the same heavy tile of many heads and the last wave is made of light tiles.
+__host__ __device__ constexpr bool query_tile_fastest(bool causal, int head_dim) { return !causal && head_dim == 64; }
 template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
 __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
                                   kMinBlocks) v11_fwd(FlashcoreParams p) {
@@ -410,9 +615,12 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
   const int row_warp = warp % Cfg::kRowWarps;  // which kWarpM rows of Q_i this warp owns
   const int seq_len = p.seq_len;
   // Heaviest query tiles first under causal masking: the last tile sees every key.
-  const int m_block = p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+  const bool tile_fastest = query_tile_fastest(p.causal, kHeadDim);
+  const int tile_index = tile_fastest ? blockIdx.x : blockIdx.y;  // this CTA's place among its head's CTAs
+  const int tiles = tile_fastest ? gridDim.x : gridDim.y;
+  const int m_block = p.causal ? tiles - 1 - tile_index : tile_index;
   const int m0 = m_block * kBlockM;
-  const size_t base = static_cast<size_t>(blockIdx.x) * seq_len * kHeadDim;
+  const size_t base = static_cast<size_t>(tile_fastest ? blockIdx.y : blockIdx.x) * seq_len * kHeadDim;
   const __half* __restrict__ q = p.q + base;  // [S, D] of this (b, h)
   const __half* __restrict__ k = p.k + base;  // [S, D]
   const __half* __restrict__ v = p.v + base;  // [S, D]
@@ -442,8 +650,8 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
     // L2 now, so later stages hit L2 instead of each paying a DRAM round trip in lockstep.
     const long long first = static_cast<long long>(min(seq_len, (kStages - 1) * Cfg::kTileN)) * Cfg::kRowBytes / 32;
     const long long sectors = static_cast<long long>(seq_len) * Cfg::kRowBytes / 32 - first;
-    const long long begin = first + sectors * blockIdx.y / gridDim.y;
-    const long long end = first + sectors * (blockIdx.y + 1) / gridDim.y;
+    const long long begin = first + sectors * tile_index / tiles;
+    const long long end = first + sectors * (tile_index + 1) / tiles;
     for (long long sector = begin + tid; sector < end; sector += Cfg::kThreads) {
       fc::prefetch_l2(reinterpret_cast<const unsigned char*>(k) + sector * 32);
       fc::prefetch_l2(reinterpret_cast<const unsigned char*>(v) + sector * 32);
@@ -607,6 +815,190 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
   }
 }
 
+// Cluster split-K (sm_90, short sequences). Grid: x = key chunk (the cluster axis: gridDim.x = cluster size
+// = ceil(S / kChunkN), so rank = blockIdx.x), y = query tile, z = batch * heads. Each CTA loads Q_i and its
+// whole K_j, V_j chunk in one burst (one DRAM round trip, no ring refills), runs FA2 over it, and leaves
+// unnormalised (m_i, l_i, O_i) in its own shared memory; after a cluster barrier, rank r merges rows
+// [r, r + 1) * ceil(kBlockM / n) of all n ranks' partials over DSMEM and writes them; a second cluster
+// barrier keeps every CTA (and its shared memory) alive until all its readers are done.
+template <int kHeadDim, int kBlockM, int kChunkN, int kBlockN, int kWarpM>
+__global__ void __launch_bounds__(V11ClusterConfig<kHeadDim, kBlockM, kChunkN, kBlockN, kWarpM>::kThreads, 1)
+    v11_cluster_fwd(FlashcoreParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Cfg = V11ClusterConfig<kHeadDim, kBlockM, kChunkN, kBlockN, kWarpM>;
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  const int tid = threadIdx.x;
+  const int lane = tid % fc::kWarpSize;
+  const int warp = tid / fc::kWarpSize;
+  const uint32_t rank = cluster_rank();
+  const uint32_t n_ranks = cluster_size();
+  const int seq_len = p.seq_len;
+  const int m_block = p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+  const int m0 = m_block * kBlockM;
+  const size_t base = static_cast<size_t>(blockIdx.z) * seq_len * kHeadDim;
+  const __half* __restrict__ q = p.q + base;  // [S, D] of this (b, h)
+  const __half* __restrict__ k = p.k + base;  // [S, D]
+  const __half* __restrict__ v = p.v + base;  // [S, D]
+  __half* __restrict__ o = p.o + base;        // [S, D]
+
+  unsigned char* q_s = smem;                         // [kBlockM][D]
+  unsigned char* k_s = smem + Cfg::kQBytes;          // [kChunkN][D]
+  unsigned char* v_s = k_s + Cfg::kKvBytes;          // [kChunkN][D]
+
+  // This CTA's keys [c0, c1): its chunk, cut at the sequence end and (causal) past the tile's last row.
+  const int kv_end = p.causal ? min(seq_len, m0 + kBlockM) : seq_len;
+  const int c0 = static_cast<int>(rank) * kChunkN;
+  const int c1 = min(c0 + kChunkN, kv_end);
+
+  // Prologue: everything at once, one group per tile and operand in the order they are consumed:
+  // {Q_i, K_0}, {V_0}, {K_1}, {V_1}, ... Tiles past c1 are neither loaded nor read; rows past c1 in the
+  // last tile are zeroed (a NaN pattern in V would survive P = 0).
+  if (c0 < c1) copy_rows_async<Cfg, kBlockM>(q_s, q, m0, seq_len, tid);
+#pragma unroll
+  for (int t = 0; t < Cfg::kTiles; ++t) {
+    const bool loaded = c0 + t * kBlockN < c1;
+    if (loaded) copy_rows_async<Cfg, kBlockN>(k_s + t * kBlockN * Cfg::kRowBytes, k, c0 + t * kBlockN, c1, tid);
+    fc::cp_async_commit();
+    if (loaded) copy_rows_async<Cfg, kBlockN>(v_s + t * kBlockN * Cfg::kRowBytes, v, c0 + t * kBlockN, c1, tid);
+    fc::cp_async_commit();
+  }
+
+  const int warp_row0 = m0 + warp * kWarpM;
+  const int warp_kv_end = warp_row0 >= seq_len ? 0 : p.causal ? min(seq_len, warp_row0 + kWarpM) : seq_len;
+  const int warp_key_end = min(c1, warp_kv_end);  // this warp's keys: [c0, warp_key_end)
+  const float scale_log2 = p.scale * kLog2e;
+
+  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int k_row = (lane & 7) + (lane >> 4) * 8;
+  const uint32_t q_lane = fc::smem_addr(q_s) + (warp * kWarpM + a_row) * Cfg::kRowBytes;
+
+  float o_acc[Cfg::kMTiles][Cfg::kDTiles][4];
+  float m_i[Cfg::kMTiles][2];
+  float l_i[Cfg::kMTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+    for (int d = 0; d < Cfg::kDTiles; ++d)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) o_acc[mt][d][r] = 0.f;
+    m_i[mt][0] = m_i[mt][1] = -INFINITY;
+    l_i[mt][0] = l_i[mt][1] = 0.f;
+  }
+  constexpr int kQRegTiles = Cfg::kQInRegs ? Cfg::kMTiles : 1;
+  constexpr int kQRegChunks = Cfg::kQInRegs ? Cfg::kKChunks : 1;
+  uint32_t q_frag[kQRegTiles][kQRegChunks][4];
+
+#pragma unroll
+  for (int t = 0; t < Cfg::kTiles; ++t) {
+    cp_async_wait_n(2 * (Cfg::kTiles - t) - 1);  // this thread's Q_i (t = 0) and K_t have landed
+    __syncthreads();                              // everyone's have
+    if constexpr (Cfg::kQInRegs) {
+      if (t == 0) {
+#pragma unroll
+        for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+          for (int kc = 0; kc < Cfg::kKChunks; ++kc)
+            fc::ldmatrix_x4(q_frag[mt][kc],
+                            q_lane + mt * 16 * Cfg::kRowBytes + fc::ldmatrix_chunk(kc, lane >> 4, lane));
+      }
+    }
+    const int key0 = c0 + t * kBlockN;  // this tile's keys: key0 .. key0 + kBlockN - 1
+    const bool active = key0 < warp_key_end;
+    float s[Cfg::kMTiles][Cfg::kNTiles][4];
+    if (active) {
+      // S = Q_i K_t^T
+      warp_scores<Cfg>(s, q_frag, q_lane, fc::smem_addr(k_s) + (t * kBlockN + k_row) * Cfg::kRowBytes, lane);
+      if (key0 + kBlockN > seq_len || (p.causal && key0 + kBlockN - 1 > warp_row0)) {
+        mask_scores<Cfg>(s, warp_row0, key0, seq_len, p.causal, lane);
+      }
+      // P = exp(S * scale - m_new), O = diag(exp(m_i - m_new)) O
+      online_softmax<Cfg>(s, o_acc, m_i, l_i, scale_log2);
+    }
+    cp_async_wait_n(2 * (Cfg::kTiles - t) - 2);  // V_t has landed
+    __syncthreads();
+    if (active) {
+      // O = O + P V_t
+      accumulate_pv<Cfg>(s, o_acc, fc::smem_addr(v_s) + (t * kBlockN + a_row) * Cfg::kRowBytes, lane);
+    }
+  }
+
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+    l_i[mt][0] = fc::group_sum<4>(l_i[mt][0]);
+    l_i[mt][1] = fc::group_sum<4>(l_i[mt][1]);
+  }
+  const int g = lane >> 2;
+  const int tq = lane & 3;
+
+  // This CTA's partials (m_i, l_i, unnormalised O_i) over the Q_i, K, V bytes, which every warp has left.
+  __syncthreads();
+  float2* stats = reinterpret_cast<float2*>(smem);                     // [kBlockM]
+  float* o_part = reinterpret_cast<float*>(smem + Cfg::kStatsBytes);  // [kBlockM][kOStride]
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp * kWarpM + mt * 16 + g + 8 * h;
+      if (tq == 0) stats[row] = make_float2(m_i[mt][h] * scale_log2, l_i[mt][h]);
+#pragma unroll
+      for (int d = 0; d < Cfg::kDTiles; ++d) {
+        *reinterpret_cast<float2*>(o_part + row * Cfg::kOStride + 8 * d + 2 * tq) =
+            make_float2(o_acc[mt][d][2 * h], o_acc[mt][d][2 * h + 1]);
+      }
+    }
+  cluster_sync();  // every rank's partials are written and visible cluster-wide
+
+  // Merge over the n ranks: m = max_r m_r, l = sum_r exp2(m_r - m) l_r, O = sum_r exp2(m_r - m) O_r / l.
+  const int rows_per_rank = fc::ceil_div(kBlockM, static_cast<int>(n_ranks));
+  const int r_begin = static_cast<int>(rank) * rows_per_rank;
+  const int r_end = min(kBlockM, r_begin + rows_per_rank);
+  const uint32_t stats_addr = fc::smem_addr(stats);
+  const uint32_t o_part_addr = fc::smem_addr(o_part);
+  for (int i = r_begin * Cfg::kChunks + tid; i < r_end * Cfg::kChunks; i += Cfg::kThreads) {
+    const int r = i / Cfg::kChunks;
+    const int c = i % Cfg::kChunks;
+    if (m0 + r >= seq_len) continue;
+    // all loads first: n DSMEM round trips in flight together, not one after another
+    float2 st[Cfg::kMaxCluster];
+    float4 lo[Cfg::kMaxCluster];
+    float4 hi[Cfg::kMaxCluster];
+#pragma unroll
+    for (int sr = 0; sr < Cfg::kMaxCluster; ++sr) {
+      if (sr < static_cast<int>(n_ranks)) {
+        const uint32_t part = map_to_rank(o_part_addr, sr) + (r * Cfg::kOStride + c * 8) * 4;
+        st[sr] = ld_cluster_f2(map_to_rank(stats_addr, sr) + r * 8);
+        lo[sr] = ld_cluster_f4(part);
+        hi[sr] = ld_cluster_f4(part + 16);
+      }
+    }
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int sr = 0; sr < Cfg::kMaxCluster; ++sr)
+      if (sr < static_cast<int>(n_ranks)) m_all = fmaxf(m_all, st[sr].x);
+    if (m_all == -INFINITY) m_all = 0.f;  // (no rank saw a key: every weight is 0, not NaN)
+    float l_all = 0.f;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int sr = 0; sr < Cfg::kMaxCluster; ++sr) {
+      if (sr < static_cast<int>(n_ranks)) {
+        const float w = exp2f(st[sr].x - m_all);
+        l_all += w * st[sr].y;
+        acc[0] += w * lo[sr].x; acc[1] += w * lo[sr].y; acc[2] += w * lo[sr].z; acc[3] += w * lo[sr].w;
+        acc[4] += w * hi[sr].x; acc[5] += w * hi[sr].y; acc[6] += w * hi[sr].z; acc[7] += w * hi[sr].w;
+      }
+    }
+    const float inv_l = l_all > 0.f ? 1.f / l_all : 0.f;
+    st_global_16(o + static_cast<size_t>(m0 + r) * kHeadDim + c * 8,
+                 fc::pack_half2(acc[0] * inv_l, acc[1] * inv_l), fc::pack_half2(acc[2] * inv_l, acc[3] * inv_l),
+                 fc::pack_half2(acc[4] * inv_l, acc[5] * inv_l), fc::pack_half2(acc[6] * inv_l, acc[7] * inv_l));
+  }
+  cluster_sync_relaxed();  // no CTA exits (freeing its shared memory) while a peer may still read it
+#else
+  __trap();  // sm_90 only: the launcher never starts it on an older device
+#endif
+}
+
 // The configuration heuristic, in one place. Split the keys inside the CTA only when the long
 // configuration's grid would not fill the GPU once: below that the run is one short wave whose length is
 // the per-warp chain, so more CTAs, each with a fraction of the chain, is the win; above it every SM
@@ -636,6 +1028,21 @@ static const char* kernel_name() {
 }
 
 template <class Cfg>
+struct ClusterKernelName {
+  char text[64];
+  ClusterKernelName() {
+    snprintf(text, sizeof(text), "v11_cluster_fwd<%d, %d, %d, %d, %d>", Cfg::kHeadDim, Cfg::kBlockM,
+             Cfg::kChunkN, Cfg::kBlockN, Cfg::kWarpM);
+  }
+};
+
+template <class Cfg>
+static const char* cluster_kernel_name() {
+  static const ClusterKernelName<Cfg> name;
+  return name.text;
+}
+
+template <class Cfg>
 static constexpr auto kernel_of() {
   return v11_fwd<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit,
                  Cfg::kMinBlocks>;
@@ -648,8 +1055,9 @@ static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
   // visible part of the whole run, so it is done once per process (and per kernel), as PyTorch does.
   static const bool smem_ready = fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes) == nullptr;
   if (!smem_ready) return fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes);
-  const dim3 grid(p.batch * p.heads, fc::ceil_div(p.seq_len, Cfg::kBlockM));
-  if (grid.y > 65535) return fc::message("v11: %u query tiles exceed the grid's y limit (65535)", grid.y);
+  const unsigned tiles = fc::ceil_div(p.seq_len, Cfg::kBlockM), heads = p.batch * p.heads;
+  const dim3 grid = query_tile_fastest(p.causal, Cfg::kHeadDim) ? dim3(tiles, heads) : dim3(heads, tiles);
+  if (grid.y > 65535) return fc::message("v11: grid y of %u exceeds the limit (65535)", grid.y);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return fc::launch_status();
 }
@@ -666,9 +1074,69 @@ static int sm_count() {
   return count;
 }
 
-template <class Long, class Short>
+#if V11_CLUSTER
+template <class Cfg>
+static constexpr auto cluster_kernel_of() {
+  return v11_cluster_fwd<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kChunkN, Cfg::kBlockN, Cfg::kWarpM>;
+}
+
+// The cluster path needs an sm_90 device and an sm_90 build of the kernel (an older build's body traps):
+// asked once per process and kernel, like sm_count().
+template <class Cfg>
+static bool cluster_ready() {
+  static const bool ready = [] {
+    int device = 0, major = 0;
+    cudaFuncAttributes attributes{};
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9 ||
+        cudaFuncGetAttributes(&attributes, cluster_kernel_of<Cfg>()) != cudaSuccess) {
+      cudaGetLastError();  // a missing sm_90 image is an answer here, not a sticky error for the next launch
+      return false;
+    }
+    return attributes.binaryVersion >= 90;
+  }();
+  return ready;
+}
+
+template <class Cfg>
+static const char* launch_cluster(const FlashcoreParams& p, cudaStream_t stream) {
+  constexpr auto kernel = cluster_kernel_of<Cfg>();
+  static const bool smem_ready = fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes) == nullptr;
+  if (!smem_ready) return fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes);
+  const unsigned ranks = fc::ceil_div(p.seq_len, Cfg::kChunkN);  // <= kMaxCluster: the caller checked
+  const dim3 grid(ranks, fc::ceil_div(p.seq_len, Cfg::kBlockM), p.batch * p.heads);
+  if (grid.y > 65535 || grid.z > 65535) return fc::message("v11: cluster grid (%u, %u, %u) too large", grid.x, grid.y, grid.z);
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = ranks;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(Cfg::kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, p);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return fc::message("v11: cluster launch failed: %s", cudaGetErrorString(err));
+  }
+  return fc::launch_status();
+}
+#endif
+
+// Short sequences on sm_90 take the cluster path when the sequence fits one cluster of kMaxCluster chunks;
+// the in-CTA split path remains for older GPUs, longer sequences and -D V11_CLUSTER=0.
+template <class Long, class Short, class Cluster>
 static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
   if (pick_regime(p.batch * p.heads, p.seq_len, Long::kBlockM, sm_count()) == Regime::kShort) {
+#if V11_CLUSTER
+    if (p.seq_len <= Cluster::kMaxCluster * Cluster::kChunkN && cluster_ready<Cluster>()) {
+      return launch_cluster<Cluster>(p, stream);
+    }
+#endif
     return launch<Short>(p, stream);
   }
   return launch<Long>(p, stream);
@@ -679,18 +1147,30 @@ static FlashcoreKernelPlan plan_of() {
   return {kernel_name<Cfg>(), Cfg::kThreads, Cfg::kSmemBytes};
 }
 
+template <class Cfg>
+static FlashcoreKernelPlan cluster_plan_of() {
+  return {cluster_kernel_name<Cfg>(), Cfg::kThreads, Cfg::kSmemBytes};
+}
+
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
-  FlashcoreKernelPlan all[2];
+  FlashcoreKernelPlan all[3];
+  int count = 0;
   if (head_dim == 64) {
-    all[0] = plan_of<LongD64>();
-    all[1] = plan_of<ShortD64>();
+    all[count++] = plan_of<LongD64>();
+    all[count++] = plan_of<ShortD64>();
+#if V11_CLUSTER
+    all[count++] = cluster_plan_of<ClusterD64>();
+#endif
   } else if (head_dim == 128) {
-    all[0] = plan_of<LongD128>();
-    all[1] = plan_of<ShortD128>();
+    all[count++] = plan_of<LongD128>();
+    all[count++] = plan_of<ShortD128>();
+#if V11_CLUSTER
+    all[count++] = cluster_plan_of<ClusterD128>();
+#endif
   } else {
     return 0;
   }
-  const int n = max_plans < 2 ? max_plans : 2;
+  const int n = max_plans < count ? max_plans : count;
   for (int i = 0; i < n; ++i) plans[i] = all[i];
   return n;
 }
@@ -700,8 +1180,8 @@ const char* flashcore_forward(const FlashcoreParams& p, cudaStream_t stream) {
   if (!(p.scale > 0.f)) return fc::message("v11 needs a softmax scale > 0 (got %g)", p.scale);
   if (p.seq_len < 1 || p.batch < 1 || p.heads < 1) return nullptr;
   switch (p.head_dim) {
-    case 64: return forward<LongD64, ShortD64>(p, stream);
-    case 128: return forward<LongD128, ShortD128>(p, stream);
+    case 64: return forward<LongD64, ShortD64, ClusterD64>(p, stream);
+    case 128: return forward<LongD128, ShortD128, ClusterD128>(p, stream);
     default: return fc::unsupported_head_dim(p.head_dim);
   }
 }

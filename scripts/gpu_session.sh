@@ -84,6 +84,35 @@ tune_d128() {  # v11's D=128 long path: tune, then bench with the stored winner 
   step bench-4096-d128-tuned flashcore bench v11 --shape 2,16,4096,128 --reps 100
 }
 
+v11check() {  # v11 after the cluster path: full test set, 2,000 random shapes, sanitizers on the cluster shapes
+  export FLASHCORE_RESULTS=$LOGS/results
+  step test-v11 flashcore test v11 --json "$LOGS/test-v11.json"
+  step stress-v11 python3 scripts/stress.py v11 --launches 2000 --timeout 400
+  for shape in 1,8,512,64 1,4,1000,64 1,4,1000,128; do
+    for tool in memcheck racecheck; do
+      step "sanitize-v11-$tool-$shape" flashcore sanitize v11 --tool "$tool" --shape "$shape"
+    done
+  done
+  step sanitize-v11-synccheck flashcore sanitize v11 --tool synccheck --shape 1,8,512,64 --causal
+}
+
+final() {  # every bench table the issues ask for
+  step bench-512 flashcore bench --all --shape 1,8,512,64 --json "$LOGS/bench-512.json"
+  step bench-4096 flashcore bench --all --shape 2,16,4096,64 --reps 100 --json "$LOGS/bench-4096.json"
+  shapes
+}
+
+v11final() {  # v11 after its last change, at every issue shape
+  step test-v11 flashcore test v11 --json "$LOGS/test-v11.json"
+  step stress-v11 python3 scripts/stress.py v11 --launches 2000 --timeout 400
+  step bench-512-v11 flashcore bench v11 --shape 1,8,512,64
+  step bench-512-causal-v11 flashcore bench v11 --shape 1,8,512,64 --causal
+  step bench-4096-v11 flashcore bench v11 --shape 2,16,4096,64 --reps 100
+  step bench-4096-causal-v11 flashcore bench v11 --shape 2,16,4096,64 --causal --reps 100
+  step bench-4096-d128-v11 flashcore bench v11 --shape 2,16,4096,128 --reps 100
+  step bench-4096-d128-causal-v11 flashcore bench v11 --shape 2,16,4096,128 --causal --reps 100
+}
+
 gputests() {  # the gpu-marked pytest suite
   step pytest-gpu python3 -m pytest -q -m gpu -x
 }
