@@ -38,7 +38,11 @@
 // ptxas (nvcc 13.0, -O3 --use_fast_math), registers / static smem / spills / stack:
 //   sm_90 D=64: 128 regs, 0 B, 0 B, 0 B;  D=128: 168 regs, 0 B, 0 B, 0 B  (dynamic smem 45056 / 69632 B)
 //   sm_89 D=64: 128 regs, 0 B, 0 B, 0 B;  D=128: 167 regs, 0 B, 0 B, 0 B
-// Measured on the lent H100: (filled in from the lead's bench run)
+// Measured on the lent GPU (an NVIDIA H200; `flashcore bench --all`, all rungs in one run, L2 flushed before
+// each call, median of 200 / 100 calls):
+//   1,8,512,64:   48.6 us (6.4x faster than baseline, 0.24x SDPA)
+//   2,16,4096,64: 3999 us, 34.4 TFLOP/s
+// Q K^T on tensor cores took 1,8,512,64 from 309 to 49 us; the scalar P V loop is now the whole cost.
 #include "flashcore.h"
 
 #include <mma.h>

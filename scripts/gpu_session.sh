@@ -113,6 +113,29 @@ v11final() {  # v11 after its last change, at every issue shape
   step bench-4096-d128-causal-v11 flashcore bench v11 --shape 2,16,4096,128 --causal --reps 100
 }
 
+last() {  # v9 after its barrier fix; the commands the README shows
+  export FLASHCORE_RESULTS=$LOGS/results
+  step stress-v9 python3 scripts/stress.py v9 --launches 2000 --timeout 400
+  step sanitize-v9-memcheck flashcore sanitize v9 --tool memcheck --shape 1,2,97,64 --causal
+  step sanitize-v9-synccheck flashcore sanitize v9 --tool synccheck --shape 1,2,97,64 --causal
+  step doctor flashcore doctor
+  step build-v8-cold flashcore build v8 --force
+  step build-v8-cached flashcore build v8
+  step new flashcore new myv8 --from v8
+  step test-new flashcore test myv8
+}
+
+v9check() {  # v9 after its barrier fixes: every sanitizer, the test set
+  export FLASHCORE_RESULTS=$LOGS/results
+  for tool in memcheck racecheck synccheck; do
+    step "sanitize-v9-$tool" flashcore sanitize v9 --tool "$tool" --shape 1,2,97,64 --causal
+  done
+  step sanitize-v9-synccheck-d128 flashcore sanitize v9 --tool synccheck --shape 1,2,97,128
+  step sanitize-v9-synccheck-wide flashcore sanitize v9 --tool synccheck --shape 1,132,97,64
+  step test-v9 flashcore test v9
+  step stress-v9 python3 scripts/stress.py v9 --launches 2000 --timeout 400
+}
+
 gputests() {  # the gpu-marked pytest suite
   step pytest-gpu python3 -m pytest -q -m gpu -x
 }
