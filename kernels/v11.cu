@@ -108,7 +108,21 @@
 // loads, all issued before the first use), STG.E.128 (an inline st.global.v4: nvcc splits a uint4 built
 // from packed halves into four STG.E), one MEMBAR.ALL.GPU (the release of the first cluster barrier; the
 // exit barrier arrives relaxed so it does not wait for the output stores).
-// Measured on the lent H100: (filled in from the lead's bench run)
+// Measured on the lent GPU (an NVIDIA H200; `flashcore bench v11 --shape ...`, one run per shape beside SDPA's
+// backends and Triton, L2 flushed before each call, median of 200 / 100 calls):
+//   shape              v11                      SDPA default   SDPA flash (FA2)   target              met
+//   1,8,512,64         10.6 us                  12.3 us        15.5 us            <= 0.6x SDPA's time  no: 0.86x
+//   1,8,512,64 causal  10.3 us                  12.1 us        15.4 us
+//   2,16,4096,64       439.5 us, 312.7 TFLOP/s  457.7          290.7              >= FA2               yes: 1.08x
+//     causal           235.7 us, 291.6 TFLOP/s  363.7          228.8              >= FA2               yes: 1.27x
+//   2,16,4096,128      845.5 us, 325.1 TFLOP/s  637.9          336.4              >= FA2               no: 0.97x
+//     causal           438.9 us, 313.1 TFLOP/s  510.8          269.0              >= FA2               yes: 1.16x
+// (Earlier runs put D=128 non-causal at 0.98x-1.00x of FA2: 333.8 vs 334.2, 335.0 vs 343.2.)
+// Where the mission-shape time goes (ncu, --clock-control none, the short kernel): 8.38 us of kernel in a
+// 10.5 us measurement; SM throughput 34.5%, tensor pipe 13.6%, DRAM 4.0%, L2 12.1%, achieved occupancy 23%,
+// top stalls wait 1.70 / short_scoreboard 1.10 / not_selected 1.09 cycles per instruction, 65,536 shared
+// load bank conflicts (the merge). Latency-bound: each 32-row CTA refills its 2-stage ring four times from
+// L2/DRAM in lockstep with its head's other CTAs; the cluster path above was the attempt to remove that.
 #include "flashcore.h"
 #include "mma_sm80.cuh"
 #include "primitives.cuh"

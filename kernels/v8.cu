@@ -9,8 +9,8 @@
 //
 // Change from the rung below (64x64: 8 warps, K/V loaded synchronously, four block barriers per tile, O_i
 // rescaled through a broadcast tile in shared memory): the softmax works on a warp-private 16 x 16 block, so
-// one barrier per tile remains; K/V arrive by cp.async one tile ahead; O_i is rescaled in registers;
-// every global access is 16 bytes wide. Shared memory is one dynamic buffer carved by SmemLayout, whose
+// one barrier per tile remains; K/V arrive by cp.async one tile ahead; O_i is rescaled in registers
+// (global accesses stay 16 bytes wide, as in 64x64). Shared memory is one dynamic buffer carved by SmemLayout, whose
 // byte offsets are computed once and used by both the kernel and the launcher.
 //
 // Warps: 6 (3 row stripes x 2 key halves), not the seed's 12. A 48 x 32 score tile has six 16 x 16 blocks;
