@@ -55,43 +55,25 @@ def task_build(spec: dict, events: Events) -> None:
     _build(spec, events)
 
 
-def task_test(spec: dict, events: Events) -> None:
+def _check(attn, case: Case, events: Events):
+    """Check one case and report it; None when it crashed (the crash is reported; the context is gone)."""
     from flashcore_cli.check import check_case
 
-    attn = _build(spec, events)
-    if attn is None:
-        return
-    for raw in spec["cases"]:
-        case = Case.from_dict(raw)
-        events.emit("case-start", case=case.as_dict())
-        try:
-            result = check_case(attn, case)
-        except Exception as exc:  # a fault poisons the context: report it and stop this variant
-            _crash(events, exc, case.label())
-            return
-        events.emit("case", **result.__dict__)
-
-
-def task_bench(spec: dict, events: Events) -> None:
-    from flashcore_cli.check import check_case
-    from flashcore_cli.timing import time_callable
-
-    import torch
-
-    attn = _build(spec, events)
-    if attn is None:
-        return
-    case = Case.from_dict(spec["case"])
     events.emit("case-start", case=case.as_dict())
     try:
         result = check_case(attn, case)
-    except Exception as exc:
+    except Exception as exc:  # a fault poisons the context: report it and stop this variant
         _crash(events, exc, case.label())
-        return
+        return None
     events.emit("case", **result.__dict__)
-    if result.status != "OK":
-        return  # never time a variant that failed correctness
+    return result
+
+
+def _time(attn, case: Case, spec: dict, events: Events) -> None:
+    import torch
+
     from flashcore_cli.check import make_inputs
+    from flashcore_cli.timing import time_callable
 
     q, k, v = make_inputs(case)
     out = torch.empty_like(q)
@@ -101,6 +83,26 @@ def task_bench(spec: dict, events: Events) -> None:
         _crash(events, exc, f"timing {case.label()}")
         return
     events.emit("timing", name=attn.name, key=attn.build.key, **timing.as_dict())
+
+
+def task_test(spec: dict, events: Events) -> None:
+    attn = _build(spec, events)
+    if attn is None:
+        return
+    for raw in spec["cases"]:
+        if _check(attn, Case.from_dict(raw), events) is None:
+            return
+
+
+def task_bench(spec: dict, events: Events) -> None:
+    attn = _build(spec, events)
+    if attn is None:
+        return
+    case = Case.from_dict(spec["case"])
+    result = _check(attn, case, events)
+    if result is None or result.status != "OK":
+        return  # never time a variant that failed correctness
+    _time(attn, case, spec, events)
 
 
 def task_references(spec: dict, events: Events) -> None:
@@ -156,33 +158,15 @@ def task_trial(spec: dict, events: Events) -> None:
     out), check every case, and time spec["case"] only if all passed."""
     import torch
 
-    from flashcore_cli.check import check_case, make_inputs
-    from flashcore_cli.timing import time_callable
-
     attn = _build(spec, events)
     if attn is None:
         return
     events.emit("device", gpu=torch.cuda.get_device_name())
     for raw in spec["cases"]:
-        case = Case.from_dict(raw)
-        events.emit("case-start", case=case.as_dict())
-        try:
-            result = check_case(attn, case)
-        except Exception as exc:
-            _crash(events, exc, case.label())
-            return
-        events.emit("case", **result.__dict__)
-        if result.status != "OK":
+        result = _check(attn, Case.from_dict(raw), events)
+        if result is None or result.status != "OK":
             return  # never time a configuration that failed correctness
-    case = Case.from_dict(spec["case"])
-    q, k, v = make_inputs(case)
-    out = torch.empty_like(q)
-    try:
-        timing = time_callable(lambda: attn(q, k, v, causal=case.causal, out=out), reps=spec["reps"], warmup=spec["warmup"])
-    except Exception as exc:
-        _crash(events, exc, f"timing {case.label()}")
-        return
-    events.emit("timing", name=attn.name, key=attn.build.key, **timing.as_dict())
+    _time(attn, Case.from_dict(spec["case"]), spec, events)
 
 
 TASKS = {
