@@ -34,6 +34,10 @@
 // v8 does; 0: not, to measure what that is worth). The static_asserts below state the rest (at most 1024
 // threads, 99 KB at D=64 and at D=128).
 //
+// Code: the kernel body is wmma_pipeline.cuh's, shared with v8; this file picks the tiles (below) and
+// wraps them in v10_fwd. Moving it there left the SASS of every v10 build byte-identical (checked with
+// cuobjdump on sm_89 and sm_90, and four V10_* tunings).
+//
 // Run:  flashcore test v10 && flashcore bench v10 --shape 1,8,512,64
 //
 // ptxas (nvcc 13.0, -O3 --use_fast_math), default tiles:
@@ -49,14 +53,7 @@
 // Stress: 2,000 random-shape launches all OK; memcheck, racecheck, synccheck clean on 1,2,97,64 causal. `flashcore
 // tune v10 --param V10_BLOCK_N=64 --param V10_STAGES=2,3` at 1,8,512,64 ranked V10_BLOCK_M=32 V10_WARPS_N=2
 // V10_STAGES=2 first (12.7 us vs 14.7 us for these defaults); the defaults stay 64x64 for the large shape.
-#include "flashcore.h"
-#include "primitives.cuh"
-
-#include <mma.h>
-
-#include <cstdint>
-
-using namespace nvcuda;
+#include "wmma_pipeline.cuh"
 
 #ifndef V10_BLOCK_M
 #define V10_BLOCK_M 64
@@ -74,17 +71,12 @@ using namespace nvcuda;
 #define V10_PREFETCH_L2 1
 #endif
 
-constexpr int kBlockM = V10_BLOCK_M;          // Br: query rows per CTA
-constexpr int kStages = V10_STAGES;           // K/V tiles in shared memory: one computed, the rest landing
-constexpr int kFrag = 16;                     // WMMA tile edge (m = n = k = 16)
-constexpr int kWarpsM = kBlockM / kFrag;      // row stripes
-constexpr int kWarpsN = V10_WARPS_N;          // key slices of every tile
-constexpr int kThreads = kWarpsM * kWarpsN * fc::kWarpSize;  // 256 by default
-constexpr int kSmemLimit = 101376;            // the L4's 99 KB per block
-constexpr unsigned kFullMask = 0xffffffffu;
-constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kBlockM = V10_BLOCK_M;    // Br: query rows per CTA
+constexpr int kWarpsN = V10_WARPS_N;    // key slices of every tile
+constexpr int kStages = V10_STAGES;     // K/V tiles in shared memory: one computed, the rest landing
+constexpr int kThreads = kBlockM / wmma_pipeline::kFrag * kWarpsN * fc::kWarpSize;  // 256 by default
 
-static_assert(kBlockM % kFrag == 0 && kBlockM > 0, "V10_BLOCK_M must be a positive multiple of 16");
+static_assert(kBlockM % wmma_pipeline::kFrag == 0 && kBlockM > 0, "V10_BLOCK_M must be a positive multiple of 16");
 static_assert(kWarpsN >= 1, "V10_WARPS_N must be at least 1");
 static_assert(kStages >= 2, "V10_STAGES must be at least 2: a stage to compute and one to land");
 static_assert(kThreads <= 1024, "V10_BLOCK_M / 16 * V10_WARPS_N must be at most 32 warps");
@@ -93,24 +85,16 @@ static_assert(kThreads <= 1024, "V10_BLOCK_M / 16 * V10_WARPS_N must be at most 
 // same bytes at both. Two CTAs per SM at D=64 cap a 256-thread CTA at 128 registers, which the default tile
 // needs (127, no spills); D=128 needs about 170, so one.
 template <int kHeadDim>
-struct Tiles {
-  static constexpr int kBlockN = V10_BLOCK_N * 64 / kHeadDim;  // Bc: keys per K/V tile
-  static constexpr int kSliceN = kBlockN / kWarpsN;            // keys of each tile one warp owns
-  static constexpr int kMinBlocksPerSm = kHeadDim == 64 && kThreads <= 256 ? 2 : 1;
-  static_assert(V10_BLOCK_N * 64 % kHeadDim == 0 && kBlockN % kWarpsN == 0 && kSliceN % kFrag == 0,
-                "each warp's key slice must be a multiple of 16 at D=64 and D=128: "
-                "V10_BLOCK_N must be a multiple of 32 * V10_WARPS_N");
-};
+constexpr int block_n() { return V10_BLOCK_N * 64 / kHeadDim; }  // Bc: keys per K/V tile
+template <int kHeadDim>
+constexpr int min_blocks_per_sm() { return kHeadDim == 64 && kThreads <= 256 ? 2 : 1; }
+static_assert(V10_BLOCK_N * 64 % 128 == 0 && block_n<128>() % (16 * kWarpsN) == 0,
+              "each warp's key slice must be a multiple of 16 at D=64 and D=128: "
+              "V10_BLOCK_N must be a multiple of 32 * V10_WARPS_N");
 
-using FragA = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, __half, wmma::row_major>;      // Q_i, P
-using FragKt = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, __half, wmma::col_major>;     // K_j^T
-using FragV = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, __half, wmma::row_major>;      // V_j
-using FragAcc = wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float>;                   // S, O_i
-
-static_assert(FragAcc::num_elements * 4 <= 32, "the row code packs 4 bits per accumulator element");
-
-constexpr int align128(int bytes) { return (bytes + 127) / 128 * 128; }
-constexpr int max_int(int a, int b) { return a > b ? a : b; }
+template <int kHeadDim>
+using Tiles = wmma_pipeline::Pipeline<kHeadDim, kBlockM, block_n<kHeadDim>(), kWarpsN, kStages,
+                                      min_blocks_per_sm<kHeadDim>(), V10_PREFETCH_L2 != 0>;
 
 // The one dynamic shared-memory buffer, carved in one place. Byte offsets at the default tiles,
 // D = 64 (64-key tiles) | D = 128 (32-key tiles):
@@ -124,358 +108,22 @@ constexpr int max_int(int a, int b) { return a > b ? a : b; }
 // Every region starts on a 128-byte boundary (WMMA wants 32 B, cp.async 16 B). Q/K/V rows are padded by
 // 16 bytes so the 8 rows an ldmatrix phase reads fall in 8 different bank groups.
 template <int kHeadDim>
-struct SmemLayout {
-  using T = Tiles<kHeadDim>;
-  static constexpr int kLdTile = kHeadDim + 8;  // halves per Q/K/V row
-  static constexpr int kLdS = T::kSliceN + 8;   // floats per score row: 4 rows of a store or a float4 read
-                                                // phase land in 4 disjoint 8-bank groups
-  static constexpr int kLdP = T::kSliceN + 8;   // halves per probability row (P overwrites S in place)
-  static constexpr int kLdO = kHeadDim + 4;     // floats per row of a warp's partial O
-
-  static constexpr int kQ = 0;
-  static constexpr int kK = kQ + align128(kBlockM * kLdTile * 2);
-  static constexpr int kKStage = align128(T::kBlockN * kLdTile * 2);
-  static constexpr int kV = kK + kStages * kKStage;
-  static constexpr int kScratch = kV + kStages * kKStage;
-  static constexpr int kScratchWarp = align128(kFrag * kLdS * 4);
-  static constexpr int kLoopBytes = kScratch + kWarpsM * kWarpsN * kScratchWarp;
-
-  static constexpr int kOPart = 0;
-  static constexpr int kOPartSlice = align128(kBlockM * kLdO * 4);
-  static constexpr int kMPart = kOPart + kWarpsN * kOPartSlice;
-  static constexpr int kStatSlice = align128(kBlockM * 4);
-  static constexpr int kLPart = kMPart + kWarpsN * kStatSlice;
-  static constexpr int kEpilogueBytes = kLPart + kWarpsN * kStatSlice;
-
-  static constexpr int kBytes = max_int(kLoopBytes, kEpilogueBytes);
-
-  static_assert(kLdTile % 8 == 0 && kLdP % 8 == 0 && kLdS % 4 == 0 && kLdO % 4 == 0, "WMMA ldm rules");
-  static_assert(kFrag * kLdP * 2 <= kFrag * kLdS * 4, "P fits in the bytes of S");
-  static_assert(kBytes <= kSmemLimit,
-                "the tiles must fit the L4's 99 KB per block at D=64 and D=128: shrink V10_BLOCK_N or V10_STAGES");
-
-  char* base;
-  __device__ explicit SmemLayout(char* smem) : base(smem) {}
-  __device__ __half* q() const { return reinterpret_cast<__half*>(base + kQ); }  // [kBlockM][kLdTile]
-  __device__ __half* k(int stage) const {                                         // [Bc][kLdTile]
-    return reinterpret_cast<__half*>(base + kK + stage * kKStage);
-  }
-  __device__ __half* v(int stage) const {                                         // [Bc][kLdTile]
-    return reinterpret_cast<__half*>(base + kV + stage * kKStage);
-  }
-  __device__ float* scores(int warp) const {                                      // [16][kLdS]
-    return reinterpret_cast<float*>(base + kScratch + warp * kScratchWarp);
-  }
-  __device__ __half* probs(int warp) const {                                      // [16][kLdP], over scores()
-    return reinterpret_cast<__half*>(base + kScratch + warp * kScratchWarp);
-  }
-  __device__ float* o_part(int slice) const {                                     // [kBlockM][kLdO]
-    return reinterpret_cast<float*>(base + kOPart + slice * kOPartSlice);
-  }
-  __device__ float* m_part(int slice) const {                                     // [kBlockM]
-    return reinterpret_cast<float*>(base + kMPart + slice * kStatSlice);
-  }
-  __device__ float* l_part(int slice) const {                                     // [kBlockM]
-    return reinterpret_cast<float*>(base + kLPart + slice * kStatSlice);
-  }
-};
-
-// Rows [row0, row0 + kRows) of a [S, D] matrix -> a [kRows][ld] shared tile, one 16-byte cp.async per
-// chunk. Rows past the sequence end are zero-filled: a masked key then multiplies a zero row of V (p = 0
-// times garbage could be NaN).
-template <int kRows, int kHeadDim>
-__device__ __forceinline__ void load_tile_async(__half* tile, int ld, const __half* __restrict__ src, int row0,
-                                                int seq_len, int tid) {
-  constexpr int kChunks = kRows * (kHeadDim / 8);
-#pragma unroll
-  for (int i = 0; i < fc::ceil_div(kChunks, kThreads); ++i) {
-    const int c = tid + i * kThreads;
-    if (kChunks % kThreads != 0 && c >= kChunks) break;
-    const int r = c / (kHeadDim / 8);
-    const int col = (c % (kHeadDim / 8)) * 8;
-    const bool valid = row0 + r < seq_len;
-    const __half* from = src + static_cast<size_t>(valid ? row0 + r : 0) * kHeadDim + col;
-    fc::cp_async_16(tile + r * ld + col, from, valid);
-  }
-}
-
-// Rows [row_begin, row_end) of a [S, D] matrix, at most kBlockM of them -> L2, one prefetch per 128-byte line.
-template <int kHeadDim>
-__device__ __forceinline__ void prefetch_rows_l2(const __half* src, int row_begin, int row_end, int tid) {
-  constexpr int kLinesPerRow = kHeadDim * static_cast<int>(sizeof(__half)) / 128;
-  const char* first = reinterpret_cast<const char*>(src + static_cast<size_t>(row_begin) * kHeadDim);
-  const int lines = (row_end - row_begin) * kLinesPerRow;
-#pragma unroll
-  for (int i = 0; i < fc::ceil_div(kBlockM * kLinesPerRow, kThreads); ++i) {
-    const int line = tid + i * kThreads;
-    if (line < lines) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(first + line * 128));
-  }
-}
-
-// Which row of its 16 x 16 tile each accumulator element holds, 4 bits per element. WMMA does not specify
-// the order, so write a tile whose entries are their own row index and load it back through the API.
-__device__ __forceinline__ uint32_t accumulator_row_code(float* scratch, int ld, int lane) {
-  for (int i = lane; i < kFrag * kFrag; i += fc::kWarpSize) scratch[(i / kFrag) * ld + i % kFrag] = i / kFrag;
-  __syncwarp();
-  FragAcc probe;
-  wmma::load_matrix_sync(probe, scratch, ld, wmma::mem_row_major);
-  uint32_t code = 0;
-#pragma unroll
-  for (int e = 0; e < FragAcc::num_elements; ++e) code |= static_cast<uint32_t>(probe.x[e]) << (4 * e);
-  __syncwarp();  // every lane has read the probe before the scratch holds scores
-  return code;
-}
-
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-template <int kHeadDim>
-__global__ void __launch_bounds__(kThreads, Tiles<kHeadDim>::kMinBlocksPerSm) v10_fwd(FlashcoreParams p) {
-  using Layout = SmemLayout<kHeadDim>;
-  constexpr int kBlockN = Tiles<kHeadDim>::kBlockN;
-  constexpr int kSliceN = Tiles<kHeadDim>::kSliceN;
-  constexpr int kLdTile = Layout::kLdTile;
-  constexpr int kLdS = Layout::kLdS;
-  constexpr int kLdP = Layout::kLdP;
-  constexpr int kLdO = Layout::kLdO;
-  constexpr int kDimFrags = kHeadDim / kFrag;   // 16-wide column blocks of Q, K, V and O
-  constexpr int kSliceFrags = kSliceN / kFrag;  // 16-key blocks of a warp's slice
-  constexpr int kGroups = kSliceN / 8;          // a softmax lane holds 4 adjacent columns of every 8
-
-  extern __shared__ __align__(128) char smem_raw[];
-  const Layout smem(smem_raw);
-
-  const int tid = threadIdx.x;
-  const int lane = tid % fc::kWarpSize;
-  const int warp = tid / fc::kWarpSize;
-  const int warp_m = warp / kWarpsN;  // which 16 query rows of the CTA tile this warp owns
-  const int warp_n = warp % kWarpsN;  // which kSliceN keys of every K/V tile
-  const int seq_len = p.seq_len;
-  // Under causal masking the last query tiles do the most work: hand them out first.
-  const int query_tile = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int row0 = query_tile * kBlockM;
-  const int stripe_row0 = row0 + warp_m * kFrag;
-  const size_t head = fc::head_offset(p, blockIdx.z, blockIdx.y);
-  const __half* __restrict__ q = p.q + head;  // [S, D] of this (b, h)
-  const __half* __restrict__ k = p.k + head;  // [S, D]
-  const __half* __restrict__ v = p.v + head;  // [S, D]
-  __half* __restrict__ o = p.o + head;        // [S, D]
-  const float scale_log2 = p.scale * kLog2e;  // softmax in base 2: exp(x) = exp2(x log2 e)
-
-  // Under causal masking no row of this CTA sees a key at or past row0 + kBlockM.
-  const int kv_end = p.causal ? min(seq_len, row0 + kBlockM) : seq_len;
-  const int num_tiles = fc::ceil_div(kv_end, kBlockN);
-
-  // The CTAs of a head together pull the whole head's K and V into L2 up front, so the K/V stream does not
-  // pay a DRAM round trip per tile (at 1,8,512,64 a tile's compute is shorter than one).
-  if constexpr (V10_PREFETCH_L2 != 0) {
-    const int own_end = min(seq_len, row0 + kBlockM);
-    prefetch_rows_l2<kHeadDim>(k, row0, own_end, tid);
-    prefetch_rows_l2<kHeadDim>(v, row0, own_end, tid);
-  }
-
-  // Prologue: one cp.async group for Q_i, then one per K/V tile for the first kStages - 1 tiles.
-  load_tile_async<kBlockM, kHeadDim>(smem.q(), kLdTile, q, row0, seq_len, tid);
-  fc::cp_async_commit();
-#pragma unroll
-  for (int t = 0; t < kStages - 1; ++t) {
-    if (t < num_tiles) {
-      load_tile_async<kBlockN, kHeadDim>(smem.k(t), kLdTile, k, t * kBlockN, seq_len, tid);
-      load_tile_async<kBlockN, kHeadDim>(smem.v(t), kLdTile, v, t * kBlockN, seq_len, tid);
-    }
-    fc::cp_async_commit();
-  }
-
-  float* scores = smem.scores(warp);  // [16][kLdS]: this warp's block of S ...
-  __half* probs = smem.probs(warp);   // [16][kLdP]: ... overwritten in place by its P
-  const uint32_t row_code = accumulator_row_code(scores, kLdS, lane);
-
-  fc::cp_async_wait<kStages - 1>();  // Q_i has landed; K/V tiles may still be in flight
-  __syncthreads();
-  FragA q_frag[kDimFrags];
-#pragma unroll
-  for (int kk = 0; kk < kDimFrags; ++kk) {
-    wmma::load_matrix_sync(q_frag[kk], smem.q() + warp_m * kFrag * kLdTile + kk * kFrag, kLdTile);
-  }
-
-  FragAcc o_frag[kDimFrags];  // O_i, unnormalised, over this warp's keys
-#pragma unroll
-  for (int nn = 0; nn < kDimFrags; ++nn) wmma::fill_fragment(o_frag[nn], 0.f);
-  const int r = lane / 2;           // the score row this lane's softmax works on
-  const int col0 = 4 * (lane % 2);  // ... and its columns: col0 .. col0 + 3 of every 8
-  float m_i = -INFINITY;  // running max of row r's scaled scores (log2 units) over this warp's keys
-  float l_i = 0.f;        // running sum of exp2(s - m_i) over this lane's columns of row r
-
-  for (int j = 0; j < num_tiles; ++j) {
-    // Steady state: the oldest group in flight is tile j's; the kStages - 2 younger ones may stay in flight.
-    fc::cp_async_wait<kStages - 2>();
-    // Tile j is visible to every warp, and every warp is done with tile j - 1, whose stage is refilled now.
-    __syncthreads();
-    const int next = j + kStages - 1;
-    if (next < num_tiles) {
-      load_tile_async<kBlockN, kHeadDim>(smem.k(next % kStages), kLdTile, k, next * kBlockN, seq_len, tid);
-      load_tile_async<kBlockN, kHeadDim>(smem.v(next % kStages), kLdTile, v, next * kBlockN, seq_len, tid);
-    }
-    fc::cp_async_commit();  // possibly empty: keeps one group per tile, so the wait count stays fixed
-
-    const int key0 = j * kBlockN + warp_n * kSliceN;  // first key of this warp's slice
-    // Skip a slice no row of the stripe can see (past the end, above the diagonal, or a stripe of padding).
-    if (stripe_row0 >= seq_len || key0 >= seq_len || (p.causal && key0 > stripe_row0 + kFrag - 1)) continue;
-    const bool needs_mask = key0 + kSliceN > seq_len || (p.causal && key0 + kSliceN - 1 > stripe_row0);
-    const __half* k_slice = smem.k(j % kStages) + warp_n * kSliceN * kLdTile;  // [kSliceN][kLdTile]
-    const __half* v_slice = smem.v(j % kStages) + warp_n * kSliceN * kLdTile;  // [kSliceN][kLdTile]
-
-    // S = Q K^T
-#pragma unroll
-    for (int f = 0; f < kSliceFrags; ++f) {
-      FragAcc s_frag;
-      wmma::fill_fragment(s_frag, 0.f);
-#pragma unroll
-      for (int kk = 0; kk < kDimFrags; ++kk) {
-        FragKt k_frag;
-        wmma::load_matrix_sync(k_frag, k_slice + f * kFrag * kLdTile + kk * kFrag, kLdTile);
-        wmma::mma_sync(s_frag, q_frag[kk], k_frag, s_frag);
-      }
-      wmma::store_matrix_sync(scores + f * kFrag, s_frag, kLdS, wmma::mem_row_major);
-    }
-    __syncwarp();
-
-    // m_new = max(m_i, rowmax(S * scale)), masked past the sequence end and (causal) past the diagonal
-    float s[4 * kGroups];
-#pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
-      const float4 x = *reinterpret_cast<const float4*>(scores + r * kLdS + 8 * g + col0);
-      s[4 * g + 0] = x.x * scale_log2;
-      s[4 * g + 1] = x.y * scale_log2;
-      s[4 * g + 2] = x.z * scale_log2;
-      s[4 * g + 3] = x.w * scale_log2;
-    }
-    if (needs_mask) {
-      const int query = stripe_row0 + r;
-#pragma unroll
-      for (int i = 0; i < 4 * kGroups; ++i) {
-        const int key = key0 + 8 * (i / 4) + col0 + i % 4;
-        if (key >= seq_len || (p.causal && key > query)) s[i] = -INFINITY;
-      }
-    }
-    float m_tile = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 4 * kGroups; ++i) m_tile = fmaxf(m_tile, s[i]);
-    m_tile = fmaxf(m_tile, __shfl_xor_sync(kFullMask, m_tile, 1));  // the lane holding the row's other columns
-    const float m_new = fmaxf(m_i, m_tile);
-    // A row that has seen no key yet keeps m = -inf: measure from 0 so exp2 never gets (-inf) - (-inf).
-    const float m_ref = m_new == -INFINITY ? 0.f : m_new;
-    const float alpha = exp2f(m_i - m_ref);
-
-    // P = exp2(S - m_new); l_i = alpha l_i + rowsum(P)
-    float row_sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < 4 * kGroups; ++i) {
-      s[i] = exp2f(s[i] - m_ref);
-      row_sum += s[i];
-    }
-    l_i = l_i * alpha + row_sum;
-    m_i = m_new;
-    __syncwarp();  // every lane has read its scores before P overwrites them
-#pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
-      const uint2 packed = {pack_half2(s[4 * g], s[4 * g + 1]), pack_half2(s[4 * g + 2], s[4 * g + 3])};
-      *reinterpret_cast<uint2*>(probs + r * kLdP + 8 * g + col0) = packed;
-    }
-    __syncwarp();
-
-    // O = diag(alpha) O + P V   (row x's alpha sits in lane 2x; row_code names each element's row)
-#pragma unroll
-    for (int e = 0; e < FragAcc::num_elements; ++e) {
-      const float a = __shfl_sync(kFullMask, alpha, 2 * ((row_code >> (4 * e)) & 15));
-#pragma unroll
-      for (int nn = 0; nn < kDimFrags; ++nn) o_frag[nn].x[e] *= a;
-    }
-#pragma unroll
-    for (int f = 0; f < kSliceFrags; ++f) {
-      FragA p_frag;
-      wmma::load_matrix_sync(p_frag, probs + f * kFrag, kLdP);
-#pragma unroll
-      for (int nn = 0; nn < kDimFrags; ++nn) {
-        FragV v_frag;
-        wmma::load_matrix_sync(v_frag, v_slice + f * kFrag * kLdTile + nn * kFrag, kLdTile);
-        wmma::mma_sync(o_frag[nn], p_frag, v_frag, o_frag[nn]);
-      }
-    }
-  }
-
-  fc::cp_async_wait<0>();
-  __syncthreads();  // the loop's buffers are free: the epilogue reuses their bytes
-
-  // Each warp leaves its partial (m_w, l_w, O_w) over its keys ...
-  float* o_part = smem.o_part(warp_n) + warp_m * kFrag * kLdO;  // [16][kLdO]
-#pragma unroll
-  for (int nn = 0; nn < kDimFrags; ++nn) {
-    wmma::store_matrix_sync(o_part + nn * kFrag, o_frag[nn], kLdO, wmma::mem_row_major);
-  }
-  const float l_row = l_i + __shfl_xor_sync(kFullMask, l_i, 1);
-  if (lane % 2 == 0) {
-    smem.m_part(warp_n)[warp_m * kFrag + r] = m_i;
-    smem.l_part(warp_n)[warp_m * kFrag + r] = l_row;
-  }
-  __syncthreads();
-
-  // ... and each output row merges them: O = sum_w exp2(m_w - M) O_w / sum_w exp2(m_w - M) l_w, M = max_w m_w.
-  // M is finite for every real row: key 0 is visible to all of them and lies in warp_n == 0's first slice.
-  constexpr int kChunksPerRow = kHeadDim / 8;
-  for (int c = tid; c < kBlockM * kChunksPerRow; c += kThreads) {
-    const int row = c / kChunksPerRow;
-    const int col = (c % kChunksPerRow) * 8;
-    if (row0 + row >= seq_len) continue;
-    float m_max = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarpsN; ++w) m_max = fmaxf(m_max, smem.m_part(w)[row]);
-    float acc[8] = {};
-    float l_sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarpsN; ++w) {
-      const float weight = exp2f(smem.m_part(w)[row] - m_max);
-      l_sum += weight * smem.l_part(w)[row];
-      const float4 lo = *reinterpret_cast<const float4*>(smem.o_part(w) + row * kLdO + col);
-      const float4 hi = *reinterpret_cast<const float4*>(smem.o_part(w) + row * kLdO + col + 4);
-      acc[0] += weight * lo.x;
-      acc[1] += weight * lo.y;
-      acc[2] += weight * lo.z;
-      acc[3] += weight * lo.w;
-      acc[4] += weight * hi.x;
-      acc[5] += weight * hi.y;
-      acc[6] += weight * hi.z;
-      acc[7] += weight * hi.w;
-    }
-    const float inv_l = 1.f / l_sum;
-    const uint4 out = {pack_half2(acc[0] * inv_l, acc[1] * inv_l), pack_half2(acc[2] * inv_l, acc[3] * inv_l),
-                       pack_half2(acc[4] * inv_l, acc[5] * inv_l), pack_half2(acc[6] * inv_l, acc[7] * inv_l)};
-    *reinterpret_cast<uint4*>(o + static_cast<size_t>(row0 + row) * kHeadDim + col) = out;
-  }
-}
-
-template <int kHeadDim>
-static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
-  constexpr int kSmem = SmemLayout<kHeadDim>::kBytes;
-  if (const char* err = fc::allow_dynamic_smem(v10_fwd<kHeadDim>, kSmem)) return err;
-  v10_fwd<kHeadDim><<<fc::query_tile_grid(p, kBlockM), kThreads, kSmem, stream>>>(p);
-  return fc::launch_status();
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm<kHeadDim>()) v10_fwd(FlashcoreParams p) {
+  Tiles<kHeadDim>::forward(p);
 }
 
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
   if (max_plans < 1) return 0;
-  if (head_dim == 64) plans[0] = {"v10_fwd<64>", kThreads, SmemLayout<64>::kBytes};
-  else if (head_dim == 128) plans[0] = {"v10_fwd<128>", kThreads, SmemLayout<128>::kBytes};
+  if (head_dim == 64) plans[0] = {"v10_fwd<64>", kThreads, Tiles<64>::SmemLayout::kBytes};
+  else if (head_dim == 128) plans[0] = {"v10_fwd<128>", kThreads, Tiles<128>::SmemLayout::kBytes};
   else return 0;
   return 1;
 }
 
 const char* flashcore_forward(const FlashcoreParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
-    case 64: return launch<64>(p, stream);
-    case 128: return launch<128>(p, stream);
+    case 64: return wmma_pipeline::launch<Tiles<64>>(v10_fwd<64>, p, stream);
+    case 128: return wmma_pipeline::launch<Tiles<128>>(v10_fwd<128>, p, stream);
     default: return fc::unsupported_head_dim(p.head_dim);
   }
 }
