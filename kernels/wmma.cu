@@ -44,6 +44,7 @@
 //   2,16,4096,64: 3999 us, 34.4 TFLOP/s
 // Q K^T on tensor cores took 1,8,512,64 from 309 to 49 us; the scalar P V loop is now the whole cost.
 #include "flashcore.h"
+#include "tile_regs.cuh"
 
 #include <mma.h>
 
@@ -73,44 +74,6 @@ struct Layout {
   static constexpr int kBytes = kS + kBlockM * kSStride * 4;
   static_assert(kK % 32 == 0 && kV % 32 == 0 && kS % 32 == 0, "WMMA fragment pointers must be 32-byte aligned");
 };
-
-// A [kRows, D] tile of one (b, h) in flight through registers: fetch_tile issues the thread's global loads
-// (16 bytes each), store_tile writes them to shared memory. The K and V fetches of a tile are both issued
-// before either store, so a tile costs one global-memory latency. Rows >= S are zero-filled: padded rows
-// reach the tensor cores (and P V) as zeros, never as stale shared memory.
-template <int kHeadDim, int kRows>
-struct TileRegs {
-  static constexpr int kChunks = kHeadDim / kVec;  // accesses per row
-  static constexpr int kPerThread = kRows * kChunks / kThreads;
-  static_assert(kRows * kChunks % kThreads == 0, "the tile splits evenly over the threads");
-  uint4 chunk[kPerThread];
-};
-
-template <int kHeadDim, int kRows>
-__device__ __forceinline__ void fetch_tile(TileRegs<kHeadDim, kRows>& regs,
-                                           const __half* src,  // [S, D] global, one (b, h)
-                                           int row0, int seq_len, int tid) {
-  using R = TileRegs<kHeadDim, kRows>;
-#pragma unroll
-  for (int i = 0; i < R::kPerThread; ++i) {
-    const int idx = tid + i * kThreads;
-    const int row = row0 + idx / R::kChunks;
-    regs.chunk[i] = row < seq_len
-                        ? *reinterpret_cast<const uint4*>(src + static_cast<size_t>(row) * kHeadDim + (idx % R::kChunks) * kVec)
-                        : make_uint4(0u, 0u, 0u, 0u);
-  }
-}
-
-template <int kHeadDim, int kRows>
-__device__ __forceinline__ void store_tile(__half* dst,  // [kRows, kH] shared
-                                           const TileRegs<kHeadDim, kRows>& regs, int tid) {
-  using R = TileRegs<kHeadDim, kRows>;
-#pragma unroll
-  for (int i = 0; i < R::kPerThread; ++i) {
-    const int idx = tid + i * kThreads;
-    *reinterpret_cast<uint4*>(dst + (idx / R::kChunks) * Layout<kHeadDim>::kH + (idx % R::kChunks) * kVec) = regs.chunk[i];
-  }
-}
 
 // O += p * v for one key: v is that key's V row slice (kDims halves, 16-byte aligned) in shared memory.
 template <int kDims>
@@ -157,9 +120,9 @@ __global__ void __launch_bounds__(kThreads) wmma_fwd(FlashcoreParams p) {
   const int d0 = split * kDimsPerThread;
 
   {
-    TileRegs<kHeadDim, kBlockM> q_regs;
-    fetch_tile(q_regs, q, row0, p.seq_len, tid);
-    store_tile(Q_i, q_regs, tid);
+    fc::TileRegs<kHeadDim, kBlockM, kThreads> q_regs;
+    fc::fetch_tile(q_regs, q, row0, p.seq_len, tid);
+    fc::store_tile<kH>(Q_i, q_regs, tid);
   }
 
   float m_i = -INFINITY;  // running row max, in log2 units (scores pre-multiplied by scale * log2(e))
@@ -175,11 +138,11 @@ __global__ void __launch_bounds__(kThreads) wmma_fwd(FlashcoreParams p) {
   for (int n0 = 0; n0 < kv_end; n0 += kBlockN) {
     __syncthreads();  // Q_i is written (first pass); every warp is done reading the previous K_j and V_j
     {
-      TileRegs<kHeadDim, kBlockN> k_regs, v_regs;
-      fetch_tile(k_regs, k, n0, p.seq_len, tid);
-      fetch_tile(v_regs, v, n0, p.seq_len, tid);
-      store_tile(K_j, k_regs, tid);
-      store_tile(V_j, v_regs, tid);
+      fc::TileRegs<kHeadDim, kBlockN, kThreads> k_regs, v_regs;
+      fc::fetch_tile(k_regs, k, n0, p.seq_len, tid);
+      fc::fetch_tile(v_regs, v, n0, p.seq_len, tid);
+      fc::store_tile<kH>(K_j, k_regs, tid);
+      fc::store_tile<kH>(V_j, v_regs, tid);
     }
     __syncthreads();
 

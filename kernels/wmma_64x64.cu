@@ -42,6 +42,7 @@
 //   2,16,4096,64: 1175 us, 117.0 TFLOP/s
 // The smallest step of the ladder: at 1,8,512,64 the 64-row tiles give 64 CTAs for 132 SMs.
 #include "flashcore.h"
+#include "tile_regs.cuh"
 
 #include <mma.h>
 
@@ -78,44 +79,6 @@ struct Layout {
                 "WMMA fragment pointers must be 32-byte aligned");
   static_assert(kWarps * kFrag * kFrag <= kBlockM * kSStride, "the output stages fit in S_ij");
 };
-
-// A [kRows, D] tile of one (b, h) in flight through registers: fetch_tile issues the thread's global loads
-// (16 bytes each), store_tile writes them to shared memory. The K and V fetches of a tile are both issued
-// before either store, so a tile costs one global-memory latency. Rows >= S are zero-filled: padded rows
-// reach the tensor cores (and P V) as zeros, never as stale shared memory.
-template <int kHeadDim, int kRows>
-struct TileRegs {
-  static constexpr int kChunks = kHeadDim / kVec;  // accesses per row
-  static constexpr int kPerThread = kRows * kChunks / kThreads;
-  static_assert(kRows * kChunks % kThreads == 0, "the tile splits evenly over the threads");
-  uint4 chunk[kPerThread];
-};
-
-template <int kHeadDim, int kRows>
-__device__ __forceinline__ void fetch_tile(TileRegs<kHeadDim, kRows>& regs,
-                                           const __half* src,  // [S, D] global, one (b, h)
-                                           int row0, int seq_len, int tid) {
-  using R = TileRegs<kHeadDim, kRows>;
-#pragma unroll
-  for (int i = 0; i < R::kPerThread; ++i) {
-    const int idx = tid + i * kThreads;
-    const int row = row0 + idx / R::kChunks;
-    regs.chunk[i] = row < seq_len
-                        ? *reinterpret_cast<const uint4*>(src + static_cast<size_t>(row) * kHeadDim + (idx % R::kChunks) * kVec)
-                        : make_uint4(0u, 0u, 0u, 0u);
-  }
-}
-
-template <int kHeadDim, int kRows>
-__device__ __forceinline__ void store_tile(__half* dst,  // [kRows, kH] shared
-                                           const TileRegs<kHeadDim, kRows>& regs, int tid) {
-  using R = TileRegs<kHeadDim, kRows>;
-#pragma unroll
-  for (int i = 0; i < R::kPerThread; ++i) {
-    const int idx = tid + i * kThreads;
-    *reinterpret_cast<uint4*>(dst + (idx / R::kChunks) * Layout<kHeadDim>::kH + (idx % R::kChunks) * kVec) = regs.chunk[i];
-  }
-}
 
 // Max and sum over the 4 lanes of a row: lanes l, l + 8, l + 16, l + 24.
 __device__ __forceinline__ float row_max(float x) {
@@ -165,9 +128,9 @@ __global__ void __launch_bounds__(kThreads) wmma_64x64_fwd(FlashcoreParams p) {
   float* diag_r = diag + (r / kFrag) * kFrag * kFrag + (r % kFrag) * kFrag + quarter * 4;  // [4]
 
   {
-    TileRegs<kHeadDim, kBlockM> q_regs;
-    fetch_tile(q_regs, q, row0, p.seq_len, tid);
-    store_tile(Q_i, q_regs, tid);
+    fc::TileRegs<kHeadDim, kBlockM, kThreads> q_regs;
+    fc::fetch_tile(q_regs, q, row0, p.seq_len, tid);
+    fc::store_tile<kH>(Q_i, q_regs, tid);
   }
   __syncthreads();
   wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, __half, wmma::row_major> q_frag[kHeadDim / kFrag];
@@ -187,11 +150,11 @@ __global__ void __launch_bounds__(kThreads) wmma_64x64_fwd(FlashcoreParams p) {
   for (int n0 = 0; n0 < kv_end; n0 += kBlockN) {
     __syncthreads();  // the previous tile's K_j, V_j, P_ij and diag are fully consumed
     {
-      TileRegs<kHeadDim, kBlockN> k_regs, v_regs;
-      fetch_tile(k_regs, k, n0, p.seq_len, tid);
-      fetch_tile(v_regs, v, n0, p.seq_len, tid);
-      store_tile(K_j, k_regs, tid);
-      store_tile(V_j, v_regs, tid);
+      fc::TileRegs<kHeadDim, kBlockN, kThreads> k_regs, v_regs;
+      fc::fetch_tile(k_regs, k, n0, p.seq_len, tid);
+      fc::fetch_tile(v_regs, v, n0, p.seq_len, tid);
+      fc::store_tile<kH>(K_j, k_regs, tid);
+      fc::store_tile<kH>(V_j, v_regs, tid);
     }
     __syncthreads();
 
