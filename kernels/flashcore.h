@@ -98,6 +98,18 @@ inline dim3 query_tile_grid(const FlashcoreParams& p, int block_m) {
   return dim3(ceil_div(p.seq_len, block_m), p.heads, p.batch);
 }
 
+#ifdef __CUDACC__  // launch syntax: not for the host compiler that builds binding.cpp
+// Launches kernel(p) over query tiles of block_m rows with `smem` bytes of dynamic shared memory, raised past
+// 48 KB only after the device's opt-in limit says it fits; returns the launch's own error, or nullptr.
+template <typename Kernel>
+inline const char* launch_query_tiles(Kernel kernel, const FlashcoreParams& p, int block_m, int threads, int smem,
+                                      cudaStream_t stream) {
+  if (const char* err = allow_dynamic_smem(kernel, smem)) return err;
+  kernel<<<query_tile_grid(p, block_m), threads, smem, stream>>>(p);
+  return launch_status();
+}
+#endif
+
 // Offset of the (b, h) slice of a [B, H, S, D] tensor.
 __host__ __device__ inline size_t head_offset(const FlashcoreParams& p, int b, int h) {
   return (static_cast<size_t>(b) * p.heads + h) * static_cast<size_t>(p.seq_len) * p.head_dim;

@@ -273,10 +273,7 @@ __global__ void __launch_bounds__(kThreads) fp32p_fwd(FlashcoreParams p) {
 
 template <int kHeadDim>
 static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
-  constexpr int kSmem = Layout<kHeadDim>::kBytes;
-  if (const char* err = fc::allow_dynamic_smem(fp32p_fwd<kHeadDim>, kSmem)) return err;
-  fp32p_fwd<kHeadDim><<<fc::query_tile_grid(p, kBlockM), kThreads, kSmem, stream>>>(p);
-  return fc::launch_status();
+  return fc::launch_query_tiles(fp32p_fwd<kHeadDim>, p, kBlockM, kThreads, Layout<kHeadDim>::kBytes, stream);
 }
 
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {

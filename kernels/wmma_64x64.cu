@@ -274,10 +274,7 @@ __global__ void __launch_bounds__(kThreads) wmma_64x64_fwd(FlashcoreParams p) {
 
 template <int kHeadDim>
 static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
-  constexpr int kSmem = Layout<kHeadDim>::kBytes;
-  if (const char* err = fc::allow_dynamic_smem(wmma_64x64_fwd<kHeadDim>, kSmem)) return err;
-  wmma_64x64_fwd<kHeadDim><<<fc::query_tile_grid(p, kBlockM), kThreads, kSmem, stream>>>(p);
-  return fc::launch_status();
+  return fc::launch_query_tiles(wmma_64x64_fwd<kHeadDim>, p, kBlockM, kThreads, Layout<kHeadDim>::kBytes, stream);
 }
 
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {

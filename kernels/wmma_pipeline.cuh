@@ -382,10 +382,7 @@ struct Pipeline {
 // memory, checked against the device's opt-in limit first.
 template <class P, class Kernel>
 inline const char* launch(Kernel kernel, const FlashcoreParams& p, cudaStream_t stream) {
-  constexpr int kSmem = P::SmemLayout::kBytes;
-  if (const char* err = fc::allow_dynamic_smem(kernel, kSmem)) return err;
-  kernel<<<fc::query_tile_grid(p, P::kBlockM), P::kThreads, kSmem, stream>>>(p);
-  return fc::launch_status();
+  return fc::launch_query_tiles(kernel, p, P::kBlockM, P::kThreads, P::SmemLayout::kBytes, stream);
 }
 
 }  // namespace wmma_pipeline
