@@ -22,54 +22,66 @@
 // chain of 512 / kBlockN dependent tiles. There the launcher splits the keys inside the CTA: kSplit groups
 // of warps share the CTA's query rows, group g takes the g-th kBlockN keys of every ring stage (a stage
 // holds kSplit * kBlockN keys), and at the end the groups merge (m_i, l_i, O_i) through shared memory:
-// 4x the CTAs (32 rows instead of 128), and at D=64 an eighth of the chain per warp. Those CTAs also
+// 4x the CTAs (32 rows instead of 128), and at D=64 a quarter of the chain per warp. Those CTAs also
 // prefetch the rest of their head's K and V into L2 at the start (each CTA a slice): all CTAs of a head run
 // in lockstep, so without it every ring stage would be another DRAM round trip; with it only the first is.
 // Under causal masking, tiles past a warp's last row are skipped, only tiles that cross the diagonal or the
 // sequence end build element masks, and the query tiles launch heaviest-first (grid x = batch * head,
 // y = query tile, reversed).
 //
-// On sm_90 the short regime goes further: a cluster split-K kernel (v11_cluster_fwd) splits the (query x key)
-// plane in 2D across SMs. The short kernel's 32-row CTAs each stream the whole head's K and V (128 KB at
-// 1,8,512,64) through a 2-stage ring, four refill round trips in lockstep (ncu: 8.4 us, DRAM 4%, L2 12%,
-// 23% occupancy, measured 10.5 us vs cuDNN's 11.7). A cluster CTA owns 128 query rows and one 128-key chunk:
-// Q_i (16 KB) and the chunk's K_j, V_j (32 KB) are issued at once, one DRAM round trip and no ring, and
-// 1,8,512,64 is still 128 CTAs (8 heads x 4 query tiles x 4 chunks). The ceil(S / 128) chunk CTAs of a
-// query tile form one cluster; each leaves unnormalised (m_i, l_i, O_i) in its own shared memory, and after
-// a cluster barrier rank r merges a 1/n slice of the rows from all n ranks over distributed shared memory
-// (ld.shared::cluster) and writes them with 16-byte stores; a second barrier keeps every CTA's shared memory
-// alive until its readers are done. Used when the regime is short, S <= 8 chunks (1024 keys: a portable
-// cluster) and the device and the build are sm_90; causal is supported (chunks past a tile's diagonal load
-// nothing and contribute m = -inf); otherwise the in-CTA split above runs. Per SM that is 48 KB loaded
-// instead of ~132 KB. It is OFF by default (-D V11_CLUSTER=1 turns it on): predicted ~4 us of kernel, it
-// measured 14.9 us under ncu at 1,8,512,64 (SM throughput 9%, achieved occupancy 12.5%, top stall
-// long_scoreboard 2.54 cycles per instruction) and 17.3 us in the bench against 10.5 us for the in-CTA
-// split (12.0 us with 64-row cluster CTAs). Where the time goes is not found yet: it is correct (tests,
-// 2,000 random shapes, memcheck and racecheck clean on 1,8,512,64, 1,4,1000,64 and 1,4,1000,128), and kept
-// as the experiment to finish.
+// On sm_90 there is a second short-sequence kernel, off by default: cluster split-K (v11_cluster_fwd) splits
+// the (query x key) plane in 2D across SMs. A cluster CTA owns BLOCK_M query rows and one 128-key chunk:
+// Q_i and the chunk's K_j, V_j are issued at once (one DRAM round trip, no ring). The ceil(S / 128) chunk
+// CTAs of a query tile form one cluster; after a cluster barrier each rank pushes its unnormalised
+// (m_i, l_i, O_i) rows into the shared memory of the rank that owns them (st.shared::cluster), and after a
+// second barrier each owner merges its 1/n of the rows and writes them with 16-byte stores. Used when
+// built with -D V11_CLUSTER=1, the regime is short, S <= 8 chunks (a portable cluster) and the device and
+// build are sm_90; causal is supported (chunks past a tile's diagonal load nothing, contribute m = -inf).
+// Why it is off, measured at 1,8,512,64 on the H200 (a harness outside the product that stamps %globaltimer
+// per CTA at each phase; L2 flushed; an empty kernel measures 3.55 us this way and the short kernel's span from first
+// CTA start to last CTA end is 6.75 us of its 10.5):
+//   - 128-row CTAs (128 CTAs, 1 per SM by registers): cudaOccupancyMaxActiveClusters says 30 clusters of 4
+//     fit, so the 32 clusters ran in two waves (the last CTAs start at 7.4 us): 18.6 us. MIN_BLOCKS 2 lets
+//     62 fit, but the scheduler then packs two CTAs on some SMs (120 SMs used): 15.2-16.7 us.
+//   - 64-row CTAs, MIN_BLOCKS 2 (the default below; 256 CTAs on 124 SMs): 12.7-12.9 us, vs 11.5 for the
+//     in-CTA split (then 8 groups x 16 keys) in the same harness (bench: 11.5 vs 10.5; the split now runs
+//     9.5). Timeline medians: Q_i and K_0 land at 1.5 us, V_1 at 3.6 us, every rank done at 4.3 us, the
+//     partials exchanged at 6.5 us, the end at 7.0 us.
+//   The exchange is the wall: ~2.2 us to move 16 KB per CTA through distributed shared memory, whether
+//   pulled, pushed, or pushed with st.async onto the owner's mbarrier (see the merge); the in-CTA split's
+//   shared-memory merge of the same partials takes 1.1 us. Loading Q_i, K_j, V_j with cp.async.bulk instead
+//   of cp.async was no faster (48 KB per CTA landed 1.54 vs 1.44 us after the start).
+// It is correct (28 default cases, 1,000 random shapes, memcheck / racecheck / synccheck clean on
+// 1,8,512,64, 1,4,1000,128 and 1,2,97,64 causal) and kept as the experiment to finish.
 //
 // Configuration: one per head dim and regime, each overridable with -D (V11_<SLOT>_<PARAM>, below):
 //   slot        used when (pick_regime)                D   BLOCK_M BLOCK_N WARP_M STAGES SPLIT MIN_BLOCKS warps smem
 //   LONG_D64    B*H*ceil(S/128) >= SMs (fills the GPU)  64     128     64     32      2     1      2        4  48 KB
-//   LONG_D128                                          128     128     32     32      2     1      2        4  64 KB
-//   SHORT_D64   fewer CTAs than SMs: it would idle      64      32     16     16      2     8      1       16  74 KB
+//   LONG_D128                                          128     128     48     32      2     1      2        4  80 KB
+//   SHORT_D64   fewer CTAs than SMs: it would idle      64      32     32     16      2     4      1        8  68 KB
 //   SHORT_D128                                         128      32     16     16      2     4      1        8  72 KB
-//   CLUSTER_D64  short, sm_90, S <= 8 * CHUNK_N         64     128     64     16      -     -      1        8  48 KB
+//   CLUSTER_D64  short, sm_90, S <= 8 * CHUNK_N         64      64     64     16      -     -      2        4  40 KB
 //   CLUSTER_D128                                       128     128     64     16      -     -      1        8  96 KB
 //   (cluster: BLOCK_N = keys per warp per tile, CHUNK_N = 128 keys per CTA = per cluster rank, all loaded at once)
 // Why: 32 rows per warp (FA2's choice on sm_90: 128 rows, 4 warps) reads each K/V fragment once for two m16
 // tiles. At 16 rows every mma needs 256 B of ldmatrix traffic, and 128 B/clk of shared-memory bandwidth caps
 // the mma at ~470 TFLOP/s on an H100 before any softmax work; at 32 rows the tensor pipe is the limit. The
 // register file sets the rest: O_i + S take 128 + 64 fp32 at D=64 x 64 keys (240 registers with Q_i held in
-// registers: 2 CTAs/SM); at D=128, O_i alone is 128, so Q_i is re-read by ldmatrix each tile and the tile
-// is 32 keys (254 registers; 64 keys spilled 84 B, 48 keys 36 B). Short: 32 rows per CTA puts 128 CTAs (one
-// per SM) on 1,8,512,64; 8 key groups of 2 warps each walk 64 keys in 4 tiles of 16, and the 4 warps per
-// scheduler cover each other's softmax and barrier latency (4 groups x 32 keys, 8 warps, is the next thing
-// to try); two 128-key stages fit 99 KB. At D=128 a 128-key stage is 64 KB, so 4 groups x 16 keys.
-// Cluster: 128 rows x 128 keys is what makes 1,8,512,64 exactly 128 CTAs with everything loaded at once;
-// 16-row warps give 8 warps (2 per scheduler) where 32-row warps would give 4; each warp walks its chunk in
-// two 64-key tiles, each tile's K and V its own cp.async group, so S = Q K_0^T starts when a quarter of
-// the bytes has landed. At D=128 the same tile is 96 KB, under the 99 KB limit.
+// registers: 2 CTAs/SM); at D=128, O_i alone is 128, so Q_i is re-read by ldmatrix each tile, and the tile
+// is 48 keys (255 registers, no spills: 16 S registers fewer than FA2's 64-key tile). Tuned at 2,16,4096,128
+// (`flashcore tune`, one run): 32 keys 832 us, 32 keys x 3 stages 822, 48 keys 777, 64 keys 779 (96 KB);
+// 48 takes the least shared memory of the two that tie. (An earlier kernel body spilled at 48 and 64 keys,
+// which is why 32 was the default until this measurement.) Short: 32 rows per CTA puts 128 CTAs (one
+// per SM) on 1,8,512,64; 4 key groups of 2 warps each walk 128 keys in 4 tiles of 32, two 128-key stages.
+// Tuned at 1,8,512,64 (`flashcore tune`, one run, 20 configurations, each checked first): 4 groups x 32
+// keys 9.5 us; 8 x 16 (the previous default, 16 warps) 10.6; 2 x 64 9.8; 3 x 32 and 2 x 32 with 3-4 stages
+// 10.4-10.8; 4 x 16 with 2-5 stages 10.3-10.8; 32-row warps 9.6-13.0. Fewer groups, a smaller merge (with
+// 8 groups it took 1.1 us of the kernel); more than 4 would not pay for the longer chain per warp. A third
+// 128-key stage would need 100 KB, 1 KB over the L4's limit. At D=128 a 128-key stage is 64 KB, so 4 groups
+// x 16 keys.
+// Cluster: 64 rows x 128 keys, 2 CTAs/SM, for the wave limit above; each warp walks its chunk in two 64-key
+// tiles, each tile's K and V its own cp.async group, so S = Q K_0^T starts when part of the bytes has landed.
+// At D=128, 128 rows x 128 keys is 96 KB, under the 99 KB limit.
 //
 // Tuning (-D V11_<SLOT>_<PARAM>=value; SLOT = LONG_D64, LONG_D128, SHORT_D64, SHORT_D128):
 //   BLOCK_M     query rows per CTA              a multiple of WARP_M
@@ -81,15 +93,16 @@
 //   and V11_SPLIT_BELOW_WAVES (default 1): SHORT when B*H*ceil(S/LONG BLOCK_M) < that many waves of SMs;
 //   V11_RESCALE_LOG2 (default 0.f; 8.f is FlashAttention-4's lazy rescale, see online_softmax).
 //   Cluster path (SLOT = CLUSTER_D64, CLUSTER_D128): BLOCK_M (query rows per CTA, a multiple of WARP_M),
-//   CHUNK_N (keys per CTA, a multiple of BLOCK_N, at most 8 tiles), BLOCK_N (16..128), WARP_M (16 or 32);
+//   CHUNK_N (keys per CTA, a multiple of BLOCK_N, at most 8 tiles), BLOCK_N (16..128), WARP_M (16 or 32),
+//   MIN_BLOCKS (__launch_bounds__ min CTAs/SM);
 //   V11_CLUSTER (default 0; 1 builds and uses the path), V11_CLUSTER_MAX (default 8, at most 8: the
 //   largest cluster, so the path takes S <= CLUSTER_MAX * CHUNK_N). Shared memory: max(BLOCK_M*D*2 +
-//   2*CHUNK_N*D*2, BLOCK_M*(8 + 4*(D+8))) <= 101376 B (static_assert in V11ClusterConfig).
+//   2*CHUNK_N*D*2, (BLOCK_M + 8)*(8 + 4*(D+8))) <= 101376 B (static_assert in V11ClusterConfig).
 // Restrictions (static_asserts in V11Config): (BLOCK_M / WARP_M) * SPLIT <= 16 warps; shared memory
 // BLOCK_M*D*2 + STAGES*4*SPLIT*BLOCK_N*D <= 101376 B, and for SPLIT > 1 the merge buffer
 // SPLIT*BLOCK_M*(8 + 4*(D+8)) too; threads / (D/8) a multiple of 8. Not asserted, check ptxas: spills
-// (WARP_M=32 with BLOCK_N >= 48 at D=128, or >= 128 at D=64, spill; so does MIN_BLOCKS above what the
-// registers allow).
+// (WARP_M=32 with BLOCK_N >= 128 at D=64 spills; so does MIN_BLOCKS above what the registers allow, e.g.
+// the 128-row cluster CTA at D=64 with MIN_BLOCKS 2 and BLOCK_N 64: 4 B).
 // Rejected: one ring per split group with named barriers — the same bytes in flight as one shared ring of
 // kSplit * kBlockN keys, for more code.
 //
@@ -98,31 +111,36 @@
 // ptxas (nvcc 13.0, -O3 --use_fast_math -lineinfo; no static shared memory, 0 spill bytes, no stack frame):
 //   kernel                                threads  dynamic smem  registers sm_90 | sm_89
 //   v11_fwd<64, 128, 64, 32, 2, 1, 2>         128      49,152 B        240 | 230    (2 CTAs/SM)
-//   v11_fwd<64, 32, 16, 16, 2, 8, 1>          512      75,776 B        106 | 104
-//   v11_fwd<128, 128, 32, 32, 2, 1, 2>        128      65,536 B        254 | 248    (2 CTAs/SM)
-//   v11_fwd<128, 32, 16, 16, 2, 4, 1>         256      73,728 B        174 | 168
-//   v11_cluster_fwd<64, 128, 128, 64, 16>     256      49,152 B        146 | 4      (sm_89: a trap stub)
-//   v11_cluster_fwd<128, 128, 128, 64, 16>    256      98,304 B        210 | 4
+//   v11_fwd<64, 32, 32, 16, 2, 4, 1>          256      69,632 B        127 | 121
+//   v11_fwd<128, 128, 48, 32, 2, 1, 2>        128      81,920 B        255 | 254    (2 CTAs/SM)
+//   v11_fwd<128, 32, 16, 16, 2, 4, 1>         256      73,728 B        173 | 165
+//   v11_cluster_fwd<64, 64, 128, 64, 16, 2>   128      40,960 B        146 | 4      (sm_89: a trap stub)
+//   v11_cluster_fwd<128, 128, 128, 64, 16, 1> 256      98,304 B        210 | 4
 // SASS (sm_90, cuobjdump): HMMA.16816.F32, LDSM.16.M88.4 / LDSM.16.MT88.4, LDGSTS.E.BYPASS.128, CCTL.E.PF2
-// (the L2 prefetch); no LDL / STL. Cluster kernel: UCGABAR_ARV / UCGABAR_WAIT, LD.E.64 / LD.E.128 (the DSMEM
-// loads, all issued before the first use), STG.E.128 (an inline st.global.v4: nvcc splits a uint4 built
-// from packed halves into four STG.E), one MEMBAR.ALL.GPU (the release of the first cluster barrier; the
-// exit barrier arrives relaxed so it does not wait for the output stores).
+// (the L2 prefetch); no LDL / STL. Cluster kernel: UCGABAR_ARV / UCGABAR_WAIT (twice), ST.E.64 (the DSMEM
+// pushes), STG.E.128 (an inline st.global.v4: nvcc splits a uint4 built from packed halves into four STG.E),
+// MEMBAR.ALL.GPU + ERRBAR (each barrier's release) and CCTL.IVALL (its acquire).
 // Measured on the lent GPU (an NVIDIA H200; `flashcore bench v11 --shape ...`, one run per shape beside SDPA's
 // backends and Triton, L2 flushed before each call, median of 200 / 100 calls):
 //   shape              v11                      SDPA default   SDPA flash (FA2)   target              met
-//   1,8,512,64         10.6 us                  12.3 us        15.5 us            <= 0.6x SDPA's time  no: 0.86x
-//   1,8,512,64 causal  10.3 us                  12.1 us        15.4 us
-//   2,16,4096,64       439.5 us, 312.7 TFLOP/s  457.7          290.7              >= FA2               yes: 1.08x
-//     causal           235.7 us, 291.6 TFLOP/s  363.7          228.8              >= FA2               yes: 1.27x
-//   2,16,4096,128      845.5 us, 325.1 TFLOP/s  637.9          336.4              >= FA2               no: 0.97x
-//     causal           438.9 us, 313.1 TFLOP/s  510.8          269.0              >= FA2               yes: 1.16x
-// (Earlier runs put D=128 non-causal at 0.98x-1.00x of FA2: 333.8 vs 334.2, 335.0 vs 343.2.)
-// Where the mission-shape time goes (ncu, --clock-control none, the short kernel): 8.38 us of kernel in a
-// 10.5 us measurement; SM throughput 34.5%, tensor pipe 13.6%, DRAM 4.0%, L2 12.1%, achieved occupancy 23%,
-// top stalls wait 1.70 / short_scoreboard 1.10 / not_selected 1.09 cycles per instruction, 65,536 shared
-// load bank conflicts (the merge). Latency-bound: each 32-row CTA refills its 2-stage ring four times from
-// L2/DRAM in lockstep with its head's other CTAs; the cluster path above was the attempt to remove that.
+//   1,8,512,64         9.5 us                   11.7 us        15.2 us            <= 0.6x SDPA's time  no: 0.81x
+//   1,8,512,64 causal  9.4 us                   12.1 us        15.6 us
+//   2,16,4096,64       441.5 us, 311.3 TFLOP/s  454.2          291.3              >= FA2               yes: 1.07x
+//     causal           237.0 us, 290.0 TFLOP/s  364.9          229.5              >= FA2               yes: 1.26x
+//   2,16,4096,128      774.1 us, 355.1 TFLOP/s  638.2          334.6              >= FA2               yes: 1.06x
+//     causal           407.0 us, 337.7 TFLOP/s  506.9          270.7              >= FA2               yes: 1.25x
+// (D=128 non-causal in three more runs that day: 783.6 us vs FA2 805.3, 794.8 vs 818.7, 781.7 vs 813.5:
+// 1.03x-1.04x; with the 32-key tile it was 0.96x-1.00x. 1,8,512,64 in two more: 9.5 vs 12.0, 9.6 vs 11.8.)
+// Where the mission-shape time goes (the short kernel before the retune, 8 groups x 16 keys, 10.5 us; per-CTA
+// probes as above, medians): the first ring stage (Q_i + 32 KB of K, V from DRAM) lands 1.3 us after the
+// CTA starts; each of the next three takes 1.05-1.3 us (32 KB per CTA in flight, ~30 B/ns per SM: latency-
+// bound, as a load-only kernel moves 48 KB per SM in 1.0 us); the last tile and its barrier 0.9 us; the
+// merge 1.1 us. That is a 6.75 us span, and the measurement adds 3.75 us to it (an empty kernel measures
+// 3.55 us). The 0.6x target is 7.0-7.2 us here, ~3.5 us above an empty kernel, for work whose first DRAM
+// round trip alone takes 1.3-1.5 us, whose key-split partials take 1.1 us (shared memory) to 2.2 us
+// (distributed shared memory) to merge, and whose mma and exp work is an estimated ~1 us per SM. Earlier
+// ncu of that kernel (--clock-control none): 8.38 us of kernel, SM throughput 34.5%, tensor pipe 13.6%,
+// DRAM 4.0%, L2 12.1%, achieved occupancy 23%.
 #include "flashcore.h"
 #include "mma_sm80.cuh"
 #include "primitives.cuh"
@@ -151,7 +169,7 @@
 #define V11_LONG_D128_BLOCK_M 128
 #endif
 #ifndef V11_LONG_D128_BLOCK_N
-#define V11_LONG_D128_BLOCK_N 32
+#define V11_LONG_D128_BLOCK_N 48
 #endif
 #ifndef V11_LONG_D128_WARP_M
 #define V11_LONG_D128_WARP_M 32
@@ -169,7 +187,7 @@
 #define V11_SHORT_D64_BLOCK_M 32
 #endif
 #ifndef V11_SHORT_D64_BLOCK_N
-#define V11_SHORT_D64_BLOCK_N 16
+#define V11_SHORT_D64_BLOCK_N 32
 #endif
 #ifndef V11_SHORT_D64_WARP_M
 #define V11_SHORT_D64_WARP_M 16
@@ -181,7 +199,7 @@
 #define V11_SHORT_D64_MIN_BLOCKS 1
 #endif
 #ifndef V11_SHORT_D64_SPLIT
-#define V11_SHORT_D64_SPLIT 8
+#define V11_SHORT_D64_SPLIT 4
 #endif
 #ifndef V11_SHORT_D128_BLOCK_M
 #define V11_SHORT_D128_BLOCK_M 32
@@ -214,7 +232,7 @@
 #define V11_CLUSTER_MAX 8
 #endif
 #ifndef V11_CLUSTER_D64_BLOCK_M
-#define V11_CLUSTER_D64_BLOCK_M 128
+#define V11_CLUSTER_D64_BLOCK_M 64
 #endif
 #ifndef V11_CLUSTER_D64_CHUNK_N
 #define V11_CLUSTER_D64_CHUNK_N 128
@@ -224,6 +242,12 @@
 #endif
 #ifndef V11_CLUSTER_D64_WARP_M
 #define V11_CLUSTER_D64_WARP_M 16
+#endif
+#ifndef V11_CLUSTER_D64_MIN_BLOCKS
+#define V11_CLUSTER_D64_MIN_BLOCKS 2
+#endif
+#ifndef V11_CLUSTER_D128_MIN_BLOCKS
+#define V11_CLUSTER_D128_MIN_BLOCKS 1
 #endif
 #ifndef V11_CLUSTER_D128_BLOCK_M
 #define V11_CLUSTER_D128_BLOCK_M 128
@@ -318,7 +342,7 @@ using ShortD128 = V11Config<128, V11_SHORT_D128_BLOCK_M, V11_SHORT_D128_BLOCK_N,
 //               stats [0, kStatsBytes)                          [kBlockM] float2 (m_i * scale * log2 e, l_i)
 //               O_i   [kStatsBytes, kMergeBytes)                [kBlockM][kOStride] fp32, unnormalised
 // Every region starts on a 128-byte boundary (rows of 128 or 256 bytes, kBlockM a multiple of 16).
-template <int kHeadDim_, int kBlockM_, int kChunkN_, int kBlockN_, int kWarpM_>
+template <int kHeadDim_, int kBlockM_, int kChunkN_, int kBlockN_, int kWarpM_, int kMinBlocks_>
 struct V11ClusterConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // Br: query rows per CTA (and per cluster)
@@ -326,6 +350,7 @@ struct V11ClusterConfig {
   static constexpr int kBlockN = kBlockN_;  // Bc: keys per warp per tile (one cp.async group each for K, V)
   static constexpr int kWarpM = kWarpM_;    // query rows per warp
   static constexpr int kMaxCluster = V11_CLUSTER_MAX;
+  static constexpr int kMinBlocks = kMinBlocks_;  // __launch_bounds__ min CTAs/SM
 
   static constexpr int kMTiles = kWarpM / 16;
   static constexpr int kNTiles = kBlockN / 8;
@@ -342,8 +367,10 @@ struct V11ClusterConfig {
   static constexpr int kKvBytes = kChunkN * kRowBytes;
   static constexpr int kLoopBytes = kQBytes + 2 * kKvBytes;
   static constexpr int kOStride = kHeadDim + 8;  // as V11Config: float2 fragment stores free of conflicts
-  static constexpr int kStatsBytes = kBlockM * 8;
-  static constexpr int kMergeBytes = kStatsBytes + kBlockM * kOStride * 4;
+  // receive slots: n * ceil(kBlockM / n) <= kBlockM + n - 1 rows
+  static constexpr int kMergeRows = kBlockM + kMaxCluster;
+  static constexpr int kStatsBytes = (kMergeRows * 8 + 127) / 128 * 128;
+  static constexpr int kMergeBytes = kStatsBytes + kMergeRows * kOStride * 4;
   static constexpr int kSmemBytes = kLoopBytes > kMergeBytes ? kLoopBytes : kMergeBytes;
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
@@ -360,9 +387,9 @@ struct V11ClusterConfig {
 };
 
 using ClusterD64 = V11ClusterConfig<64, V11_CLUSTER_D64_BLOCK_M, V11_CLUSTER_D64_CHUNK_N, V11_CLUSTER_D64_BLOCK_N,
-                                    V11_CLUSTER_D64_WARP_M>;
+                                    V11_CLUSTER_D64_WARP_M, V11_CLUSTER_D64_MIN_BLOCKS>;
 using ClusterD128 = V11ClusterConfig<128, V11_CLUSTER_D128_BLOCK_M, V11_CLUSTER_D128_CHUNK_N,
-                                     V11_CLUSTER_D128_BLOCK_N, V11_CLUSTER_D128_WARP_M>;
+                                     V11_CLUSTER_D128_BLOCK_N, V11_CLUSTER_D128_WARP_M, V11_CLUSTER_D128_MIN_BLOCKS>;
 
 // kRows x kChunks 16-byte chunks of a [S, D] slice, rows first_row.., into a swizzled tile. Rows at or past
 // valid_rows are zeroed with a plain shared store instead (never read from global memory), so the copies
@@ -580,12 +607,6 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-// The same barrier without the release (whose MEMBAR.ALL.GPU would wait for this CTA's output stores): for
-// the exit barrier, which orders only DSMEM loads whose values were already consumed before the arrive.
-__device__ __forceinline__ void cluster_sync_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
-}
-
 // The shared::cluster address of `smem_address` (a shared::cta address of this CTA) in CTA `rank`.
 __device__ __forceinline__ uint32_t map_to_rank(uint32_t smem_address, uint32_t rank) {
   uint32_t r;
@@ -593,20 +614,10 @@ __device__ __forceinline__ uint32_t map_to_rank(uint32_t smem_address, uint32_t 
   return r;
 }
 
-__device__ __forceinline__ float2 ld_cluster_f2(uint32_t address) {
-  float2 r;
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(r.x), "=f"(r.y) : "r"(address) : "memory");
-  return r;
+__device__ __forceinline__ void st_cluster_f2(uint32_t address, float x, float y) {
+  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(address), "f"(x), "f"(y) : "memory");
 }
 
-__device__ __forceinline__ float4 ld_cluster_f4(uint32_t address) {
-  float4 r;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
-               : "r"(address)
-               : "memory");
-  return r;
-}
 #endif
 
 // Grid order, measured at 2,16,4096 on the lent H200: at D=64 non-causal, x = query tile and y = batch * heads
@@ -835,11 +846,11 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
 // unnormalised (m_i, l_i, O_i) in its own shared memory; after a cluster barrier, rank r merges rows
 // [r, r + 1) * ceil(kBlockM / n) of all n ranks' partials over DSMEM and writes them; a second cluster
 // barrier keeps every CTA (and its shared memory) alive until all its readers are done.
-template <int kHeadDim, int kBlockM, int kChunkN, int kBlockN, int kWarpM>
-__global__ void __launch_bounds__(V11ClusterConfig<kHeadDim, kBlockM, kChunkN, kBlockN, kWarpM>::kThreads, 1)
-    v11_cluster_fwd(FlashcoreParams p) {
+template <int kHeadDim, int kBlockM, int kChunkN, int kBlockN, int kWarpM, int kMinBlocks>
+__global__ void __launch_bounds__(V11ClusterConfig<kHeadDim, kBlockM, kChunkN, kBlockN, kWarpM, kMinBlocks>::kThreads,
+                                  kMinBlocks) v11_cluster_fwd(FlashcoreParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Cfg = V11ClusterConfig<kHeadDim, kBlockM, kChunkN, kBlockN, kWarpM>;
+  using Cfg = V11ClusterConfig<kHeadDim, kBlockM, kChunkN, kBlockN, kWarpM, kMinBlocks>;
   extern __shared__ __align__(128) unsigned char smem[];
 
   const int tid = threadIdx.x;
@@ -945,69 +956,70 @@ __global__ void __launch_bounds__(V11ClusterConfig<kHeadDim, kBlockM, kChunkN, k
   const int g = lane >> 2;
   const int tq = lane & 3;
 
-  // This CTA's partials (m_i, l_i, unnormalised O_i) over the Q_i, K, V bytes, which every warp has left.
-  __syncthreads();
-  float2* stats = reinterpret_cast<float2*>(smem);                     // [kBlockM]
-  float* o_part = reinterpret_cast<float*>(smem + Cfg::kStatsBytes);  // [kBlockM][kOStride]
+  // Merge over the n ranks, pushed: rank r owns rows [r, r + 1) * ceil(kBlockM / n) of the tile. After barrier
+  // A (every rank has left its main loop, so every CTA's Q_i, K, V bytes are free), each rank stores its
+  // partials (m_i, l_i, unnormalised O_i) for every row straight into the owner's shared memory with
+  // st.shared::cluster; barrier B releases them; each owner then merges from its own shared memory:
+  // m = max_r m_r, l = sum_r exp2(m_r - m) l_r, O = sum_r exp2(m_r - m) O_r / l. Nothing touches a peer
+  // after B, so no exit barrier is needed (the first version pulled with ld.shared::cluster and needed one).
+  // Measured at 1,8,512,64 (64-row CTAs, probe timeline): the exchange takes ~2.2 us however it is done,
+  // pulled 2.4, pushed 2.2, pushed with st.async counted on the owner's mbarrier (no release/acquire
+  // barrier, no MEMBAR.ALL.GPU) 2.2: 16 KB per CTA, ~2 CTAs per SM, so distributed shared memory moved
+  // ~16 B/ns per SM. The st.async form is also invalid in a cluster of one CTA (compute-sanitizer: "Cluster
+  // needs to have at least 2 blocks"), so this form stays.
+  cluster_sync();  // A
+  const int rows_per_rank = fc::ceil_div(kBlockM, static_cast<int>(n_ranks));
+  const uint32_t stats_addr = fc::smem_addr(smem);                   // [n * rows_per_rank] float2
+  const uint32_t o_in_addr = fc::smem_addr(smem + Cfg::kStatsBytes);  // [n * rows_per_rank][kOStride] fp32
 #pragma unroll
   for (int mt = 0; mt < Cfg::kMTiles; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = warp * kWarpM + mt * 16 + g + 8 * h;
-      if (tq == 0) stats[row] = make_float2(m_i[mt][h] * scale_log2, l_i[mt][h]);
+      const int owner = row / rows_per_rank;
+      const int slot = static_cast<int>(rank) * rows_per_rank + row - owner * rows_per_rank;
+      if (tq == 0) st_cluster_f2(map_to_rank(stats_addr, owner) + slot * 8, m_i[mt][h] * scale_log2, l_i[mt][h]);
+      const uint32_t dst = map_to_rank(o_in_addr, owner) + (slot * Cfg::kOStride + 2 * tq) * 4;
 #pragma unroll
       for (int d = 0; d < Cfg::kDTiles; ++d) {
-        *reinterpret_cast<float2*>(o_part + row * Cfg::kOStride + 8 * d + 2 * tq) =
-            make_float2(o_acc[mt][d][2 * h], o_acc[mt][d][2 * h + 1]);
+        st_cluster_f2(dst + 8 * d * 4, o_acc[mt][d][2 * h], o_acc[mt][d][2 * h + 1]);
       }
     }
-  cluster_sync();  // every rank's partials are written and visible cluster-wide
+  cluster_sync();  // B: every rank's pushes have landed and are visible to their owners
 
-  // Merge over the n ranks: m = max_r m_r, l = sum_r exp2(m_r - m) l_r, O = sum_r exp2(m_r - m) O_r / l.
-  const int rows_per_rank = fc::ceil_div(kBlockM, static_cast<int>(n_ranks));
+  const float2* stats = reinterpret_cast<const float2*>(smem);
+  const float* o_in = reinterpret_cast<const float*>(smem + Cfg::kStatsBytes);
   const int r_begin = static_cast<int>(rank) * rows_per_rank;
-  const int r_end = min(kBlockM, r_begin + rows_per_rank);
-  const uint32_t stats_addr = fc::smem_addr(stats);
-  const uint32_t o_part_addr = fc::smem_addr(o_part);
-  for (int i = r_begin * Cfg::kChunks + tid; i < r_end * Cfg::kChunks; i += Cfg::kThreads) {
-    const int r = i / Cfg::kChunks;
+  const int my_rows = min(kBlockM - r_begin, rows_per_rank);
+  for (int i = tid; i < my_rows * Cfg::kChunks; i += Cfg::kThreads) {
+    const int lr = i / Cfg::kChunks;
     const int c = i % Cfg::kChunks;
-    if (m0 + r >= seq_len) continue;
-    // all loads first: n DSMEM round trips in flight together, not one after another
-    float2 st[Cfg::kMaxCluster];
-    float4 lo[Cfg::kMaxCluster];
-    float4 hi[Cfg::kMaxCluster];
-#pragma unroll
-    for (int sr = 0; sr < Cfg::kMaxCluster; ++sr) {
-      if (sr < static_cast<int>(n_ranks)) {
-        const uint32_t part = map_to_rank(o_part_addr, sr) + (r * Cfg::kOStride + c * 8) * 4;
-        st[sr] = ld_cluster_f2(map_to_rank(stats_addr, sr) + r * 8);
-        lo[sr] = ld_cluster_f4(part);
-        hi[sr] = ld_cluster_f4(part + 16);
-      }
-    }
+    if (m0 + r_begin + lr >= seq_len) continue;
     float m_all = -INFINITY;
 #pragma unroll
     for (int sr = 0; sr < Cfg::kMaxCluster; ++sr)
-      if (sr < static_cast<int>(n_ranks)) m_all = fmaxf(m_all, st[sr].x);
+      if (sr < static_cast<int>(n_ranks)) m_all = fmaxf(m_all, stats[sr * rows_per_rank + lr].x);
     if (m_all == -INFINITY) m_all = 0.f;  // (no rank saw a key: every weight is 0, not NaN)
     float l_all = 0.f;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int sr = 0; sr < Cfg::kMaxCluster; ++sr) {
       if (sr < static_cast<int>(n_ranks)) {
-        const float w = exp2f(st[sr].x - m_all);
-        l_all += w * st[sr].y;
-        acc[0] += w * lo[sr].x; acc[1] += w * lo[sr].y; acc[2] += w * lo[sr].z; acc[3] += w * lo[sr].w;
-        acc[4] += w * hi[sr].x; acc[5] += w * hi[sr].y; acc[6] += w * hi[sr].z; acc[7] += w * hi[sr].w;
+        const float2 st = stats[sr * rows_per_rank + lr];
+        const float w = exp2f(st.x - m_all);
+        l_all += w * st.y;
+        const float4* part = reinterpret_cast<const float4*>(o_in + (sr * rows_per_rank + lr) * Cfg::kOStride + c * 8);
+        const float4 lo = part[0];
+        const float4 hi = part[1];
+        acc[0] += w * lo.x; acc[1] += w * lo.y; acc[2] += w * lo.z; acc[3] += w * lo.w;
+        acc[4] += w * hi.x; acc[5] += w * hi.y; acc[6] += w * hi.z; acc[7] += w * hi.w;
       }
     }
     const float inv_l = l_all > 0.f ? 1.f / l_all : 0.f;
-    st_global_16(o + static_cast<size_t>(m0 + r) * kHeadDim + c * 8,
+    st_global_16(o + static_cast<size_t>(m0 + r_begin + lr) * kHeadDim + c * 8,
                  fc::pack_half2(acc[0] * inv_l, acc[1] * inv_l), fc::pack_half2(acc[2] * inv_l, acc[3] * inv_l),
                  fc::pack_half2(acc[4] * inv_l, acc[5] * inv_l), fc::pack_half2(acc[6] * inv_l, acc[7] * inv_l));
   }
-  cluster_sync_relaxed();  // no CTA exits (freeing its shared memory) while a peer may still read it
 #else
   __trap();  // sm_90 only: the launcher never starts it on an older device
 #endif
@@ -1045,8 +1057,8 @@ template <class Cfg>
 struct ClusterKernelName {
   char text[64];
   ClusterKernelName() {
-    snprintf(text, sizeof(text), "v11_cluster_fwd<%d, %d, %d, %d, %d>", Cfg::kHeadDim, Cfg::kBlockM,
-             Cfg::kChunkN, Cfg::kBlockN, Cfg::kWarpM);
+    snprintf(text, sizeof(text), "v11_cluster_fwd<%d, %d, %d, %d, %d, %d>", Cfg::kHeadDim, Cfg::kBlockM,
+             Cfg::kChunkN, Cfg::kBlockN, Cfg::kWarpM, Cfg::kMinBlocks);
   }
 };
 
@@ -1091,7 +1103,7 @@ static int sm_count() {
 #if V11_CLUSTER
 template <class Cfg>
 static constexpr auto cluster_kernel_of() {
-  return v11_cluster_fwd<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kChunkN, Cfg::kBlockN, Cfg::kWarpM>;
+  return v11_cluster_fwd<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kChunkN, Cfg::kBlockN, Cfg::kWarpM, Cfg::kMinBlocks>;
 }
 
 // The cluster path needs an sm_90 device and an sm_90 build of the kernel (an older build's body traps):
