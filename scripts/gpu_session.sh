@@ -136,6 +136,47 @@ v9check() {  # v9 after its barrier fixes: every sanitizer, the test set
   step stress-v9 python3 scripts/stress.py v9 --launches 2000 --timeout 400
 }
 
+v11retile() {  # v11 after its new tiles (D=128 long: 48 keys; D=64 short: 4 groups x 32 keys): tests, stress,
+               # sanitizers on both changed paths, bench at every issue shape
+  export FLASHCORE_RESULTS=$LOGS/results
+  step test-v11 flashcore test v11 --json "$LOGS/test-v11.json"
+  step stress-v11 python3 scripts/stress.py v11 --launches 2000 --timeout 400
+  for shape in 1,66,200,128 1,132,100,128; do  # B*H*ceil(S/128) >= 132 SMs: the long regime
+    step "sanitize-v11-memcheck-$shape" flashcore sanitize v11 --tool memcheck --shape "$shape"
+    step "sanitize-v11-memcheck-$shape-causal" flashcore sanitize v11 --tool memcheck --shape "$shape" --causal
+  done
+  step sanitize-v11-racecheck flashcore sanitize v11 --tool racecheck --shape 1,132,100,128
+  step sanitize-v11-synccheck flashcore sanitize v11 --tool synccheck --shape 1,66,200,128 --causal
+  for shape in 1,8,512,64 1,2,97,64; do  # the short regime at D=64
+    for tool in memcheck racecheck synccheck; do
+      step "sanitize-v11-$tool-$shape" flashcore sanitize v11 --tool "$tool" --shape "$shape" --causal
+    done
+  done
+  step bench-512-v11 flashcore bench v11 --shape 1,8,512,64
+  step bench-512-causal-v11 flashcore bench v11 --shape 1,8,512,64 --causal
+  for d in 64 128; do
+    step "bench-4096-d$d-v11" flashcore bench v11 --shape "2,16,4096,$d" --reps 100
+    step "bench-4096-d$d-causal-v11" flashcore bench v11 --shape "2,16,4096,$d" --causal --reps 100
+  done
+}
+
+v11cluster() {  # v11 with its sm_90 cluster path built in (-D V11_CLUSTER=1), as a one-off registry entry
+  export FLASHCORE_RESULTS=$LOGS/results
+  mkdir -p out  # (ignored by git; a registry's sources must lie inside the project)
+  printf '%s\n' 'variants:' '  - name: v11c' '    sources: [../kernels/v11.cu]' '    defines: {V11_CLUSTER: 1}' \
+    '    summary: "v11 with the cluster split-K path on"' '    head_dims: [64, 128]' '    causal: true' >out/v11c.yaml
+  export FLASHCORE_REGISTRY=$PWD/out/v11c.yaml
+  step test-v11c flashcore test v11c
+  step stress-v11c python3 scripts/stress.py v11c --launches 1000 --timeout 280
+  for shape in 1,8,512,64 1,4,1000,128 1,2,97,64; do
+    for tool in memcheck racecheck synccheck; do
+      step "sanitize-v11c-$tool-$shape" flashcore sanitize v11c --tool "$tool" --shape "$shape" --causal
+    done
+  done
+  step bench-512-v11c flashcore bench v11c --shape 1,8,512,64
+  unset FLASHCORE_REGISTRY
+}
+
 gputests() {  # the gpu-marked pytest suite
   step pytest-gpu python3 -m pytest -q -m gpu -x
 }
