@@ -76,7 +76,7 @@
 // Tuned at 1,8,512,64 (`flashcore tune`, one run, 20 configurations, each checked first): 4 groups x 32
 // keys 9.5 us; 8 x 16 (the previous default, 16 warps) 10.6; 2 x 64 9.8; 3 x 32 and 2 x 32 with 3-4 stages
 // 10.4-10.8; 4 x 16 with 2-5 stages 10.3-10.8; 32-row warps 9.6-13.0. Fewer groups, a smaller merge (with
-// 8 groups it took 1.1 us of the kernel); more than 4 would not pay for the longer chain per warp. A third
+// 8 groups it took 1.1 us of the kernel); fewer than 4 make each warp's chain of tiles too long. A third
 // 128-key stage would need 100 KB, 1 KB over the L4's limit. At D=128 a 128-key stage is 64 KB, so 4 groups
 // x 16 keys.
 // Cluster: 64 rows x 128 keys, 2 CTAs/SM, for the wave limit above; each warp walks its chunk in two 64-key
@@ -963,7 +963,7 @@ __global__ void __launch_bounds__(V11ClusterConfig<kHeadDim, kBlockM, kChunkN, k
   // m = max_r m_r, l = sum_r exp2(m_r - m) l_r, O = sum_r exp2(m_r - m) O_r / l. Nothing touches a peer
   // after B, so no exit barrier is needed (the first version pulled with ld.shared::cluster and needed one).
   // Measured at 1,8,512,64 (64-row CTAs, probe timeline): the exchange takes ~2.2 us however it is done,
-  // pulled 2.4, pushed 2.2, pushed with st.async counted on the owner's mbarrier (no release/acquire
+  // pulled 2.4, pushed 2.3, pushed with st.async counted on the owner's mbarrier (no release/acquire
   // barrier, no MEMBAR.ALL.GPU) 2.2: 16 KB per CTA, ~2 CTAs per SM, so distributed shared memory moved
   // ~16 B/ns per SM. The st.async form is also invalid in a cluster of one CTA (compute-sanitizer: "Cluster
   // needs to have at least 2 blocks"), so this form stays.
