@@ -416,6 +416,45 @@ __device__ __forceinline__ void copy_rows_async(unsigned char* tile, const __hal
   }
 }
 
+// The per-warp row state both kernels keep in registers: O_i = 0, m_i = -inf, l_i = 0 to start.
+template <class Cfg>
+__device__ __forceinline__ void init_rows(float (&o)[Cfg::kMTiles][Cfg::kDTiles][4], float (&m_i)[Cfg::kMTiles][2],
+                                          float (&l_i)[Cfg::kMTiles][2]) {
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+    for (int d = 0; d < Cfg::kDTiles; ++d)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) o[mt][d][r] = 0.f;
+    m_i[mt][0] = m_i[mt][1] = -INFINITY;
+    l_i[mt][0] = l_i[mt][1] = 0.f;
+  }
+}
+
+// Q_i's A fragments for the warp's rows when they are held in registers (Cfg::kQInRegs); one placeholder
+// register set otherwise (warp_scores then re-reads Q_i from shared memory).
+template <class Cfg>
+using QFragments = uint32_t[Cfg::kQInRegs ? Cfg::kMTiles : 1][Cfg::kQInRegs ? Cfg::kKChunks : 1][4];
+
+template <class Cfg>
+__device__ __forceinline__ void load_q_fragments(QFragments<Cfg>& q_frag, uint32_t q_lane, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int kc = 0; kc < Cfg::kKChunks; ++kc)
+      fc::ldmatrix_x4(q_frag[mt][kc], q_lane + mt * 16 * Cfg::kRowBytes + fc::ldmatrix_chunk(kc, lane >> 4, lane));
+}
+
+// l_i: the four lanes of a row each summed a quarter of its columns.
+template <class Cfg>
+__device__ __forceinline__ void sum_row_quads(float (&l_i)[Cfg::kMTiles][2]) {
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+    l_i[mt][0] = fc::group_sum<4>(l_i[mt][0]);
+    l_i[mt][1] = fc::group_sum<4>(l_i[mt][1]);
+  }
+}
+
 // S = Q_i K_j^T for the warp's rows against kBlockN keys (raw scores: the scale is folded into exp2).
 // q_frag holds Q_i when Cfg::kQInRegs; otherwise Q_i is re-read from shared memory at q_lane.
 template <class Cfg, class QFrag>
@@ -697,18 +736,8 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
   float o_acc[Cfg::kMTiles][Cfg::kDTiles][4];
   float m_i[Cfg::kMTiles][2];
   float l_i[Cfg::kMTiles][2];
-#pragma unroll
-  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-#pragma unroll
-    for (int d = 0; d < Cfg::kDTiles; ++d)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) o_acc[mt][d][r] = 0.f;
-    m_i[mt][0] = m_i[mt][1] = -INFINITY;
-    l_i[mt][0] = l_i[mt][1] = 0.f;
-  }
-  constexpr int kQRegTiles = Cfg::kQInRegs ? Cfg::kMTiles : 1;
-  constexpr int kQRegChunks = Cfg::kQInRegs ? Cfg::kKChunks : 1;
-  uint32_t q_frag[kQRegTiles][kQRegChunks][4];
+  init_rows<Cfg>(o_acc, m_i, l_i);
+  QFragments<Cfg> q_frag;
 
   int compute_stage = 0;
   int load_stage = kStages - 1;
@@ -720,14 +749,7 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
     load_stage = load_stage + 1 == kStages ? 0 : load_stage + 1;
 
     if constexpr (Cfg::kQInRegs) {
-      if (t == 0) {
-#pragma unroll
-        for (int mt = 0; mt < Cfg::kMTiles; ++mt)
-#pragma unroll
-          for (int kc = 0; kc < Cfg::kKChunks; ++kc)
-            fc::ldmatrix_x4(q_frag[mt][kc],
-                            q_lane + mt * 16 * Cfg::kRowBytes + fc::ldmatrix_chunk(kc, lane >> 4, lane));
-      }
+      if (t == 0) load_q_fragments<Cfg>(q_frag, q_lane, lane);
     }
 
     const int key0 = t * Cfg::kTileN + group * kBlockN;  // this warp's keys: key0 .. key0 + kBlockN - 1
@@ -751,12 +773,7 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
     compute_stage = compute_stage + 1 == kStages ? 0 : compute_stage + 1;
   }
 
-  // l_i: the four lanes of a row each summed a quarter of its columns
-#pragma unroll
-  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-    l_i[mt][0] = fc::group_sum<4>(l_i[mt][0]);
-    l_i[mt][1] = fc::group_sum<4>(l_i[mt][1]);
-  }
+  sum_row_quads<Cfg>(l_i);
   const int g = lane >> 2;   // fragment row (and row + 8)
   const int tq = lane & 3;   // fragment column pair
 
@@ -901,32 +918,15 @@ __global__ void __launch_bounds__(V11ClusterConfig<kHeadDim, kBlockM, kChunkN, k
   float o_acc[Cfg::kMTiles][Cfg::kDTiles][4];
   float m_i[Cfg::kMTiles][2];
   float l_i[Cfg::kMTiles][2];
-#pragma unroll
-  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-#pragma unroll
-    for (int d = 0; d < Cfg::kDTiles; ++d)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) o_acc[mt][d][r] = 0.f;
-    m_i[mt][0] = m_i[mt][1] = -INFINITY;
-    l_i[mt][0] = l_i[mt][1] = 0.f;
-  }
-  constexpr int kQRegTiles = Cfg::kQInRegs ? Cfg::kMTiles : 1;
-  constexpr int kQRegChunks = Cfg::kQInRegs ? Cfg::kKChunks : 1;
-  uint32_t q_frag[kQRegTiles][kQRegChunks][4];
+  init_rows<Cfg>(o_acc, m_i, l_i);
+  QFragments<Cfg> q_frag;
 
 #pragma unroll
   for (int t = 0; t < Cfg::kTiles; ++t) {
     cp_async_wait_n(2 * (Cfg::kTiles - t) - 1);  // this thread's Q_i (t = 0) and K_t have landed
     __syncthreads();                              // everyone's have
     if constexpr (Cfg::kQInRegs) {
-      if (t == 0) {
-#pragma unroll
-        for (int mt = 0; mt < Cfg::kMTiles; ++mt)
-#pragma unroll
-          for (int kc = 0; kc < Cfg::kKChunks; ++kc)
-            fc::ldmatrix_x4(q_frag[mt][kc],
-                            q_lane + mt * 16 * Cfg::kRowBytes + fc::ldmatrix_chunk(kc, lane >> 4, lane));
-      }
+      if (t == 0) load_q_fragments<Cfg>(q_frag, q_lane, lane);
     }
     const int key0 = c0 + t * kBlockN;  // this tile's keys: key0 .. key0 + kBlockN - 1
     const bool active = key0 < warp_key_end;
@@ -948,11 +948,7 @@ __global__ void __launch_bounds__(V11ClusterConfig<kHeadDim, kBlockM, kChunkN, k
     }
   }
 
-#pragma unroll
-  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-    l_i[mt][0] = fc::group_sum<4>(l_i[mt][0]);
-    l_i[mt][1] = fc::group_sum<4>(l_i[mt][1]);
-  }
+  sum_row_quads<Cfg>(l_i);
   const int g = lane >> 2;
   const int tq = lane & 3;
 
