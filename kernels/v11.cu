@@ -25,44 +25,47 @@
 // 4x the CTAs (32 rows instead of 128), and at D=64 a quarter of the chain per warp. Those CTAs also
 // prefetch the rest of their head's K and V into L2 at the start (each CTA a slice): all CTAs of a head run
 // in lockstep, so without it every ring stage would be another DRAM round trip; with it only the first is.
+// And their warps load Q_i straight from global memory into registers (Q_i never touches shared memory),
+// which leaves room at D=64 for a third 32 KB ring stage under the L4's 99 KB.
 // Under causal masking, tiles past a warp's last row are skipped, only tiles that cross the diagonal or the
 // sequence end build element masks, and the query tiles launch heaviest-first (grid x = batch * head,
 // y = query tile, reversed).
 //
-// On sm_90 there is a second short-sequence kernel, off by default: cluster split-K (v11_cluster_fwd) splits
-// the (query x key) plane in 2D across SMs. A cluster CTA owns BLOCK_M query rows and one 128-key chunk:
-// Q_i and the chunk's K_j, V_j are issued at once (one DRAM round trip, no ring). The ceil(S / 128) chunk
-// CTAs of a query tile form one cluster; after a cluster barrier each rank pushes its unnormalised
-// (m_i, l_i, O_i) rows into the shared memory of the rank that owns them (st.shared::cluster), and after a
-// second barrier each owner merges its 1/n of the rows and writes them with 16-byte stores. Used when
-// built with -D V11_CLUSTER=1, the regime is short, S <= 8 chunks (a portable cluster) and the device and
-// build are sm_90; causal is supported (chunks past a tile's diagonal load nothing, contribute m = -inf).
-// Why it is off, measured at 1,8,512,64 on the H200 (a harness outside the product that stamps %globaltimer
-// per CTA at each phase; L2 flushed; an empty kernel measures 3.55 us this way and the short kernel's span from first
-// CTA start to last CTA end is 6.75 us of its 10.5):
-//   - 128-row CTAs (128 CTAs, 1 per SM by registers): cudaOccupancyMaxActiveClusters says 30 clusters of 4
-//     fit, so the 32 clusters ran in two waves (the last CTAs start at 7.4 us): 18.6 us. MIN_BLOCKS 2 lets
-//     62 fit, but the scheduler then packs two CTAs on some SMs (120 SMs used): 15.2-16.7 us.
-//   - 64-row CTAs, MIN_BLOCKS 2 (the default below; 256 CTAs on 124 SMs): 12.7-12.9 us, vs 11.5 for the
-//     in-CTA split (then 8 groups x 16 keys) in the same harness (bench: 11.5 vs 10.5; the split now runs
-//     9.5). Timeline medians: Q_i and K_0 land at 1.5 us, V_1 at 3.6 us, every rank done at 4.3 us, the
-//     partials exchanged at 6.5 us, the end at 7.0 us.
-//   The exchange is the wall: ~2.2 us to move 16 KB per CTA through distributed shared memory, whether
-//   pulled, pushed, or pushed with st.async onto the owner's mbarrier (see the merge); the in-CTA split's
-//   shared-memory merge of the same partials takes 1.1 us. Loading Q_i, K_j, V_j with cp.async.bulk instead
-//   of cp.async was no faster (48 KB per CTA landed 1.54 vs 1.44 us after the start).
+// On sm_90 there is a second short-sequence kernel, off by default: cluster split-K (v11_cluster_fwd). The
+// ceil(S / CHUNK_N) CTAs of a query tile form a cluster along the keys (at 1,8,512,64: pairs of 64-row CTAs,
+// 256 keys each, 128 CTAs in 64 clusters, all co-resident). Inside a CTA, SPLIT groups of warps take a
+// quarter of the chunk each; every group loads its own keys at once (no ring, one DRAM round trip: 72 KB
+// per SM with Q_i, against ~132 KB per SM for the in-CTA split) and meets only at its own named barrier.
+// The groups merge through shared memory; then each rank pushes the rows the other ranks own to them, one
+// bulk copy per peer (cp.async.bulk shared::cta -> shared::cluster, counted on the owner's mbarrier), and
+// each owner merges its rows and writes them. Used when built with -D V11_CLUSTER=1, the regime is short,
+// S <= 8 chunks (a portable cluster) and the device and the build are sm_90; causal is supported (keys past
+// a tile's diagonal load nothing and contribute m = -inf). It replaced a 4-rank version with 8-byte DSMEM
+// stores between two cluster barriers, which measured 11.5 us against 10.5 for the in-CTA split then.
+// Why it is still off: 10.8 us at 1,8,512,64 against 9.5 for the in-CTA split (one bench run on the H200; 11.0
+// and 10.9 in its two validation runs). Its timeline, from a harness outside the product that stamps
+// %globaltimer per CTA (medians over 128 CTAs x 5 runs, L2 flushed; ns after the first CTA starts): loads issued
+// 1,120 (Q_i first); group 0's K_0 landed 1,890; S = Q K_0^T done 3,460; softmax 3,870; V_0 landed and P V done
+// 4,800; partials written 5,340; in-CTA merge done 6,340; pushed partials landed 7,070; owner merge done 7,580;
+// end 7,800. So the two merges cost ~2.8 us, more than the loads save: each merge moves fp32 partials through
+// shared memory (the in-CTA one 64 rows x 4 groups x 288 B = 74 KB written and read). Run twice in a row, the
+// in-CTA merge took 0.96 and 0.86 us, the owner's 0.96 and 0.54: not instruction fetch, mostly (warming the code
+// into L2 before the launch changed nothing either). The first S also comes ~1.6 us after its K_0 lands,
+// probably because 16 warps share the tensor pipe and the ldmatrix bandwidth (each K, V byte is read by 4
+// row-warps); not probed further.
 // It is correct (28 default cases, 1,000 random shapes, memcheck / racecheck / synccheck clean on
-// 1,8,512,64, 1,4,1000,128 and 1,2,97,64 causal) and kept as the experiment to finish.
+// 1,8,512,64, 1,4,1000,128 and 1,2,97,64, causal) and kept as the experiment to finish: the merge is where.
 //
 // Configuration: one per head dim and regime, each overridable with -D (V11_<SLOT>_<PARAM>, below):
 //   slot        used when (pick_regime)                D   BLOCK_M BLOCK_N WARP_M STAGES SPLIT MIN_BLOCKS warps smem
 //   LONG_D64    B*H*ceil(S/128) >= SMs (fills the GPU)  64     128     64     32      2     1      2        4  48 KB
 //   LONG_D128                                          128     128     48     32      2     1      2        4  80 KB
-//   SHORT_D64   fewer CTAs than SMs: it would idle      64      32     32     16      2     4      1        8  68 KB
-//   SHORT_D128                                         128      32     16     16      2     4      1        8  72 KB
-//   CLUSTER_D64  short, sm_90, S <= 8 * CHUNK_N         64      64     64     16      -     -      2        4  40 KB
-//   CLUSTER_D128                                       128     128     64     16      -     -      1        8  96 KB
-//   (cluster: BLOCK_N = keys per warp per tile, CHUNK_N = 128 keys per CTA = per cluster rank, all loaded at once)
+//   SHORT_D64   fewer CTAs than SMs: it would idle      64      32     32     16      3     4      1        8  96 KB
+//   SHORT_D128                                         128      32     16     16      2     4      1        8  69 KB
+//   CLUSTER_D64  short, sm_90, S <= 8 * CHUNK_N         64      64     64     16      -     4      1       16  94 KB
+//   CLUSTER_D128                                       128      32     32     16      -     4      1        8  90 KB
+//   (cluster: CHUNK_N = 256 keys per CTA at D=64, 128 at D=128, all loaded at once; SPLIT groups take
+//   CHUNK_N / SPLIT keys each, in tiles of BLOCK_N)
 // Why: 32 rows per warp (FA2's choice on sm_90: 128 rows, 4 warps) reads each K/V fragment once for two m16
 // tiles. At 16 rows every mma needs 256 B of ldmatrix traffic, and 128 B/clk of shared-memory bandwidth caps
 // the mma at ~470 TFLOP/s on an H100 before any softmax work; at 32 rows the tensor pipe is the limit. The
@@ -72,16 +75,20 @@
 // (`flashcore tune`, one run): 32 keys 832 us, 32 keys x 3 stages 822, 48 keys 777, 64 keys 779 (96 KB);
 // 48 takes the least shared memory of the two that tie. (An earlier kernel body spilled at 48 and 64 keys,
 // which is why 32 was the default until this measurement.) Short: 32 rows per CTA puts 128 CTAs (one
-// per SM) on 1,8,512,64; 4 key groups of 2 warps each walk 128 keys in 4 tiles of 32, two 128-key stages.
+// per SM) on 1,8,512,64; 4 key groups of 2 warps each walk 128 keys in 4 tiles of 32, three 128-key stages
+// (Q_i from global memory: 9.5 us against 9.7 with two stages, one bench run; a load-only model of the ring,
+// below, had predicted 0.76 us).
 // Tuned at 1,8,512,64 (`flashcore tune`, one run, 20 configurations, each checked first): 4 groups x 32
 // keys 9.5 us; 8 x 16 (the previous default, 16 warps) 10.6; 2 x 64 9.8; 3 x 32 and 2 x 32 with 3-4 stages
 // 10.4-10.8; 4 x 16 with 2-5 stages 10.3-10.8; 32-row warps 9.6-13.0. Fewer groups, a smaller merge (with
-// 8 groups it took 1.1 us of the kernel); fewer than 4 make each warp's chain of tiles too long. A third
-// 128-key stage would need 100 KB, 1 KB over the L4's limit. At D=128 a 128-key stage is 64 KB, so 4 groups
-// x 16 keys.
-// Cluster: 64 rows x 128 keys, 2 CTAs/SM, for the wave limit above; each warp walks its chunk in two 64-key
-// tiles, each tile's K and V its own cp.async group, so S = Q K_0^T starts when part of the bytes has landed.
-// At D=128, 128 rows x 128 keys is 96 KB, under the 99 KB limit.
+// 8 groups it took 1.1 us of the kernel); fewer than 4 make each warp's chain of tiles too long. 64 and 48
+// rows per CTA (fewer CTAs, each K, V byte shared by more rows) were slower: 10.5-12.3 us against 9.7
+// (one run, two stages then). At
+// D=128 a 128-key stage is 64 KB, so 4 groups x 16 keys and two stages.
+// Cluster: 64 rows x 256 keys per CTA makes 64 clusters of 2 at 1,8,512,64, and 66 fit at once
+// (cudaOccupancyMaxActiveClusters), so one wave. (The previous version's 128-row CTAs in clusters of 4 fit
+// only 30 clusters: two waves.) SPLIT 2 (8 warps) and 32-key tiles measured 12.5 and 13.4 us in the probe
+// harness against 12.9 for this default, before the fixes above.
 //
 // Tuning (-D V11_<SLOT>_<PARAM>=value; SLOT = LONG_D64, LONG_D128, SHORT_D64, SHORT_D128):
 //   BLOCK_M     query rows per CTA              a multiple of WARP_M
@@ -93,16 +100,17 @@
 //   and V11_SPLIT_BELOW_WAVES (default 1): SHORT when B*H*ceil(S/LONG BLOCK_M) < that many waves of SMs;
 //   V11_RESCALE_LOG2 (default 0.f; 8.f is FlashAttention-4's lazy rescale, see online_softmax).
 //   Cluster path (SLOT = CLUSTER_D64, CLUSTER_D128): BLOCK_M (query rows per CTA, a multiple of WARP_M),
-//   CHUNK_N (keys per CTA, a multiple of BLOCK_N, at most 8 tiles), BLOCK_N (16..128), WARP_M (16 or 32),
-//   MIN_BLOCKS (__launch_bounds__ min CTAs/SM);
+//   CHUNK_N (keys per CTA, a multiple of SPLIT * BLOCK_N, at most 8 tiles per warp), SPLIT (key groups per
+//   CTA, 1..15), BLOCK_N (16..128), WARP_M (16 or 32, WARP_M * D <= 2048), MIN_BLOCKS (__launch_bounds__);
 //   V11_CLUSTER (default 0; 1 builds and uses the path), V11_CLUSTER_MAX (default 8, at most 8: the
-//   largest cluster, so the path takes S <= CLUSTER_MAX * CHUNK_N). Shared memory: max(BLOCK_M*D*2 +
-//   2*CHUNK_N*D*2, (BLOCK_M + 8)*(8 + 4*(D+8))) <= 101376 B (static_assert in V11ClusterConfig).
+//   largest cluster, so the path takes S <= CLUSTER_MAX * CHUNK_N). Shared memory: max(4*CHUNK_N*D,
+//   8*SPLIT*BLOCK_M + SPLIT*BLOCK_M*4*(D+8)) + (BLOCK_M + CLUSTER_MAX - 1)*4*(D+8) + 16 <= 101376 B
+//   (static_assert in V11ClusterConfig).
 // Restrictions (static_asserts in V11Config): (BLOCK_M / WARP_M) * SPLIT <= 16 warps; shared memory
-// BLOCK_M*D*2 + STAGES*4*SPLIT*BLOCK_N*D <= 101376 B, and for SPLIT > 1 the merge buffer
-// SPLIT*BLOCK_M*(8 + 4*(D+8)) too; threads / (D/8) a multiple of 8. Not asserted, check ptxas: spills
-// (WARP_M=32 with BLOCK_N >= 128 at D=64 spills; so does MIN_BLOCKS above what the registers allow, e.g.
-// the 128-row cluster CTA at D=64 with MIN_BLOCKS 2 and BLOCK_N 64: 4 B).
+// BLOCK_M*D*2 (0 when SPLIT > 1 and WARP_M * D <= 2048: Q_i from global memory) + STAGES*4*SPLIT*BLOCK_N*D
+// <= 101376 B, and for SPLIT > 1 the merge buffer SPLIT*BLOCK_M*(8 + 4*(D+8)) too; threads / (D/8) a
+// multiple of 8. Not asserted, check ptxas: spills (WARP_M=32 with BLOCK_N >= 128 at D=64 spills; so does
+// MIN_BLOCKS above what the registers allow).
 // Rejected: one ring per split group with named barriers — the same bytes in flight as one shared ring of
 // kSplit * kBlockN keys, for more code.
 //
@@ -110,38 +118,48 @@
 //
 // ptxas (nvcc 13.0, -O3 --use_fast_math -lineinfo; no static shared memory, 0 spill bytes, no stack frame):
 //   kernel                                threads  dynamic smem  registers sm_90 | sm_89
-//   v11_fwd<64, 128, 64, 32, 2, 1, 2>         128      49,152 B        240 | 230    (2 CTAs/SM)
-//   v11_fwd<64, 32, 32, 16, 2, 4, 1>          256      69,632 B        127 | 121
-//   v11_fwd<128, 128, 48, 32, 2, 1, 2>        128      81,920 B        255 | 254    (2 CTAs/SM)
-//   v11_fwd<128, 32, 16, 16, 2, 4, 1>         256      73,728 B        173 | 165
-//   v11_cluster_fwd<64, 64, 128, 64, 16, 2>   128      40,960 B        146 | 4      (sm_89: a trap stub)
-//   v11_cluster_fwd<128, 128, 128, 64, 16, 1> 256      98,304 B        210 | 4
+//   v11_fwd<64, 128, 64, 32, 2, 1, 2>              128      49,152 B        240 | 232    (2 CTAs/SM)
+//   v11_fwd<64, 32, 32, 16, 3, 4, 1>               256      98,304 B        140 | 133
+//   v11_fwd<128, 128, 48, 32, 2, 1, 2>             128      81,920 B        255 | 254    (2 CTAs/SM)
+//   v11_fwd<128, 32, 16, 16, 2, 4, 1>              256      70,656 B        184 | 177
+//   v11_cluster_fwd<64, 64, 256, 4, 64, 16, 1>     512      96,240 B        109 | 4      (sm_89: a trap stub)
+//   v11_cluster_fwd<128, 32, 128, 4, 32, 16, 1>    256      91,888 B        133 | 4
 // SASS (sm_90, cuobjdump): HMMA.16816.F32, LDSM.16.M88.4 / LDSM.16.MT88.4, LDGSTS.E.BYPASS.128, CCTL.E.PF2
-// (the L2 prefetch); no LDL / STL. Cluster kernel: UCGABAR_ARV / UCGABAR_WAIT (twice), ST.E.64 (the DSMEM
-// pushes), STG.E.128 (an inline st.global.v4: nvcc splits a uint4 built from packed halves into four STG.E),
-// MEMBAR.ALL.GPU + ERRBAR (each barrier's release) and CCTL.IVALL (its acquire).
+// (the L2 prefetch), LDG.E.CONSTANT (Q_i in the short kernels); no LDL / STL. Cluster kernel: UCGABAR_ARV /
+// UCGABAR_WAIT (twice), UBLKCP.S.S (the bulk pushes), SYNCS.ARRIVE.TRANS / SYNCS.PHASECHK.TRANS (the
+// mbarrier), FENCE.VIEW.ASYNC.S, BAR.SYNC (the groups' named barriers), STG.E.128 (an inline st.global.v4:
+// nvcc splits a uint4 built from packed halves into four STG.E); no MEMBAR.ALL.GPU.
 // Measured on the lent GPU (an NVIDIA H200; `flashcore bench v11 --shape ...`, one run per shape beside SDPA's
 // backends and Triton, L2 flushed before each call, median of 200 / 100 calls):
 //   shape              v11                      SDPA default   SDPA flash (FA2)   target              met
-//   1,8,512,64         9.5 us                   11.7 us        15.2 us            <= 0.6x SDPA's time  no: 0.81x
-//   1,8,512,64 causal  9.4 us                   12.1 us        15.6 us
-//   2,16,4096,64       441.5 us, 311.3 TFLOP/s  454.2          291.3              >= FA2               yes: 1.07x
-//     causal           237.0 us, 290.0 TFLOP/s  364.9          229.5              >= FA2               yes: 1.26x
-//   2,16,4096,128      774.1 us, 355.1 TFLOP/s  638.2          334.6              >= FA2               yes: 1.06x
-//     causal           407.0 us, 337.7 TFLOP/s  506.9          270.7              >= FA2               yes: 1.25x
-// (D=128 non-causal in three more runs that day: 783.6 us vs FA2 805.3, 794.8 vs 818.7, 781.7 vs 813.5:
-// 1.03x-1.04x; with the 32-key tile it was 0.96x-1.00x. 1,8,512,64 in two more: 9.5 vs 12.0, 9.6 vs 11.8.)
-// Where the mission-shape time goes (the short kernel before the retune, 8 groups x 16 keys, 10.5 us; per-CTA
-// probes as above, medians): the first ring stage (Q_i + 32 KB of K, V from DRAM) lands 1.3 us after the
-// CTA starts; each of the next three takes 1.05-1.3 us (32 KB per CTA in flight, ~30 B/ns per SM: latency-
-// bound, as a load-only kernel moves 48 KB per SM in 1.0 us); the last tile and its barrier 0.9 us; the
-// merge 1.1 us. That is a 6.75 us span, and the measurement adds 3.75 us to it (an empty kernel measures
-// 3.55 us). The 0.6x target is 7.0-7.2 us here, ~3.5 us above an empty kernel, for work whose first DRAM
-// round trip alone takes 1.3-1.5 us, whose key-split partials take 1.1 us (shared memory) to 2.2 us
-// (distributed shared memory) to merge, and whose mma and exp work is an estimated ~1 us per SM. Earlier
-// ncu of that kernel (--clock-control none): 8.38 us of kernel, SM throughput 34.5%, tensor pipe 13.6%,
-// DRAM 4.0%, L2 12.1%, achieved occupancy 23%.
+//   1,8,512,64         9.6 us                   11.9 us        15.8 us            <= 0.6x SDPA's time  no: 0.81x
+//   1,8,512,64 causal  9.3 us                   12.2 us        15.7 us
+//   2,16,4096,64       440.0 us, 312.4 TFLOP/s  457.5          291.8              >= FA2               yes: 1.07x
+//     causal           237.5 us, 289.3 TFLOP/s  366.1          231.1              >= FA2               yes: 1.25x
+//   2,16,4096,128      779.1 us, 352.8 TFLOP/s  635.4          339.9              >= FA2               yes: 1.04x
+//     causal           413.3 us, 332.5 TFLOP/s  509.9          269.9              >= FA2               yes: 1.23x
+// (The long kernels are unchanged since the runs before, which gave 1.03x-1.06x at D=128 non-causal in
+// four runs. 1,8,512,64 in another run that day: 9.5 vs 11.8 us.)
+// Where the mission-shape time goes. An empty kernel measures 3.46-3.55 us in this timing, so the 0.6x target
+// (7.0-7.2 us) leaves ~3.5 us for the kernel itself; v11 takes ~6. A load-only model of the short kernel
+// (outside the product: 128 CTAs, 16 per head, each walking its head's 128 KB of K, V in 32 KB stages, no
+// math; event-timed as the bench; ns after the first CTA starts):
+//   - the first stage lands after 1.09-1.25 us from DRAM (0.70-0.80 us when L2 is warm);
+//   - the ring as it was (2 stages + L2 prefetch) lands its 4 stages at 1.25 / 1.82 / 2.37 / 2.91 us: 7.58 us
+//     event time; 3 stages 6.82, all 4 at once (128 KB, more than the L4 allows) 6.85; without the L2
+//     prefetch 8.54; with L2 warm 6.46;
+//   - 64 CTAs (half the CTAs sharing each byte) take the same time as 128 (6.69 vs 6.85 all at once): an
+//     SM takes in ~50-60 B per clock however many SMs read the line, so bytes per SM is what counts, and
+//     v11's 32 rows x 512 keys per SM is ~132 KB; halving the keys per CTA (the cluster's 64 KB) gave 6.14;
+//   - without sharing (every CTA its own bytes from DRAM) 11.0-11.8 us: the L2 sharing is what makes it fast.
+// Per SM the math is also ~1 us at best: 1,024 HMMA.16816 (32 rows x 512 keys x 64 x 2 matmuls), 256 KB of
+// ldmatrix (each K, V byte read by the two 16-row warps: 128 B/clk) and 16K exp2 (MUFU, 16/clk). The
+// kernel's ~6 us is the first load (~1.2 us), the ring's refills and the 4 dependent tiles per warp that
+// these do not fully hide, and the merge (~0.5-1 us: fp32 partials through shared memory; measured in the
+// cluster kernel above at ~1 us per pass). Earlier ncu of the 8 x 16 version (--clock-control none): 8.38 us
+// of kernel, SM throughput 34.5%, tensor pipe 13.6%, DRAM 4.0%, L2 12.1%, achieved occupancy 23%.
 #include "flashcore.h"
+#include "mbarrier.cuh"
 #include "mma_sm80.cuh"
 #include "primitives.cuh"
 
@@ -193,7 +211,7 @@
 #define V11_SHORT_D64_WARP_M 16
 #endif
 #ifndef V11_SHORT_D64_STAGES
-#define V11_SHORT_D64_STAGES 2
+#define V11_SHORT_D64_STAGES 3
 #endif
 #ifndef V11_SHORT_D64_MIN_BLOCKS
 #define V11_SHORT_D64_MIN_BLOCKS 1
@@ -235,7 +253,10 @@
 #define V11_CLUSTER_D64_BLOCK_M 64
 #endif
 #ifndef V11_CLUSTER_D64_CHUNK_N
-#define V11_CLUSTER_D64_CHUNK_N 128
+#define V11_CLUSTER_D64_CHUNK_N 256
+#endif
+#ifndef V11_CLUSTER_D64_SPLIT
+#define V11_CLUSTER_D64_SPLIT 4
 #endif
 #ifndef V11_CLUSTER_D64_BLOCK_N
 #define V11_CLUSTER_D64_BLOCK_N 64
@@ -244,22 +265,25 @@
 #define V11_CLUSTER_D64_WARP_M 16
 #endif
 #ifndef V11_CLUSTER_D64_MIN_BLOCKS
-#define V11_CLUSTER_D64_MIN_BLOCKS 2
-#endif
-#ifndef V11_CLUSTER_D128_MIN_BLOCKS
-#define V11_CLUSTER_D128_MIN_BLOCKS 1
+#define V11_CLUSTER_D64_MIN_BLOCKS 1
 #endif
 #ifndef V11_CLUSTER_D128_BLOCK_M
-#define V11_CLUSTER_D128_BLOCK_M 128
+#define V11_CLUSTER_D128_BLOCK_M 32
 #endif
 #ifndef V11_CLUSTER_D128_CHUNK_N
 #define V11_CLUSTER_D128_CHUNK_N 128
 #endif
+#ifndef V11_CLUSTER_D128_SPLIT
+#define V11_CLUSTER_D128_SPLIT 4
+#endif
 #ifndef V11_CLUSTER_D128_BLOCK_N
-#define V11_CLUSTER_D128_BLOCK_N 64
+#define V11_CLUSTER_D128_BLOCK_N 32
 #endif
 #ifndef V11_CLUSTER_D128_WARP_M
 #define V11_CLUSTER_D128_WARP_M 16
+#endif
+#ifndef V11_CLUSTER_D128_MIN_BLOCKS
+#define V11_CLUSTER_D128_MIN_BLOCKS 1
 #endif
 
 constexpr int kMaxSmemBytes = 101376;  // the L4's 99 KB opt-in limit per block
@@ -298,7 +322,10 @@ struct V11Config {
   // O_i (kMTiles * kDTiles * 4 fp32) plus Q_i held whole in registers must leave room for S and addresses.
   static constexpr bool kQInRegs = kMTiles * kHeadDim <= 128;
 
-  static constexpr int kQBytes = kBlockM * kRowBytes;
+  // A split CTA (no Q_i staging in its epilogue) with Q_i in registers loads Q_i straight from global
+  // memory, and its shared-memory bytes go to the ring instead (three 128-key stages fit 99 KB at D=64).
+  static constexpr bool kQFromGlobal = kSplit > 1 && kQInRegs;
+  static constexpr int kQBytes = kQFromGlobal ? 0 : kBlockM * kRowBytes;
   static constexpr int kKvBytes = kTileN * kRowBytes;
   static constexpr int kStageBytes = 2 * kKvBytes;
   static constexpr int kLoopBytes = kQBytes + kStages * kStageBytes;
@@ -330,23 +357,27 @@ using ShortD64 = V11Config<64, V11_SHORT_D64_BLOCK_M, V11_SHORT_D64_BLOCK_N, V11
 using ShortD128 = V11Config<128, V11_SHORT_D128_BLOCK_M, V11_SHORT_D128_BLOCK_N, V11_SHORT_D128_WARP_M,
                             V11_SHORT_D128_STAGES, V11_SHORT_D128_SPLIT, V11_SHORT_D128_MIN_BLOCKS>;
 
-// The cluster split-K configuration (sm_90, short sequences). Each CTA owns kBlockM query rows and one
-// chunk of kChunkN keys, loaded whole at once; the ceil(S / kChunkN) CTAs of one query tile form a cluster
-// and merge their (m_i, l_i, O_i) through distributed shared memory. The members the shared device
-// helpers read (kBlockN = keys per warp per tile, kMTiles, kNTiles, ...) mean what they mean in V11Config.
-// Shared-memory layout (byte offsets):
-//   main loop   Q_i   [0, kQBytes)                              [kBlockM][kHeadDim] fp16, swizzled
-//               K_j   [kQBytes, kQBytes + kKvBytes)             [kChunkN][kHeadDim] fp16, swizzled
-//               V_j   [kQBytes + kKvBytes, kLoopBytes)          [kChunkN][kHeadDim] fp16, swizzled
-//   merge (reuses the same bytes after a __syncthreads; peers read it between the two cluster barriers)
-//               stats [0, kStatsBytes)                          [kBlockM] float2 (m_i * scale * log2 e, l_i)
-//               O_i   [kStatsBytes, kMergeBytes)                [kBlockM][kOStride] fp32, unnormalised
-// Every region starts on a 128-byte boundary (rows of 128 or 256 bytes, kBlockM a multiple of 16).
-template <int kHeadDim_, int kBlockM_, int kChunkN_, int kBlockN_, int kWarpM_, int kMinBlocks_>
+// The cluster split-K configuration (sm_90, short sequences). The ceil(S / kChunkN) CTAs of one query tile
+// form a cluster along the keys: rank r takes keys [r, r + 1) * kChunkN, and inside the CTA kSplit groups
+// of warps take consecutive kGroupN = kChunkN / kSplit of them, each group loading its own keys at once
+// (no ring) and walking them in tiles of kBlockN. Q_i goes straight from global memory into registers.
+// The members the shared device helpers read (kBlockN, kMTiles, kNTiles, kQInRegs, ...) mean what they
+// mean in V11Config. Shared-memory layout (byte offsets):
+//   main loop  group g's K, V [g * kGroupBytes, + kGroupBytes)    K [kGroupN][D] then V, fp16, swizzled
+//   merge      stats          [0, kStatsBytes)                    [kSplit][kBlockM] float2 (m_i scale log2 e, l_i)
+//   (reuses    O parts        [kStatsBytes, kPartsEnd)            [kSplit][kBlockM][kOStride] fp32; after
+//    the loop)                                                    the in-CTA merge group 0's rows hold the
+//                                                                 CTA's partial, (m, l) in columns D, D + 1
+//   receive    [kPartsEnd, kBarOffset)   n slots of ceil(kBlockM / n) rows of kOStride fp32: slot s is what
+//                                        rank s pushed for this rank's rows (never overlaps the loop bytes:
+//                                        a fast peer may push while this CTA still computes)
+//   barrier    [kBarOffset, + 8)         the mbarrier those pushes complete on
+template <int kHeadDim_, int kBlockM_, int kChunkN_, int kSplit_, int kBlockN_, int kWarpM_, int kMinBlocks_>
 struct V11ClusterConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // Br: query rows per CTA (and per cluster)
   static constexpr int kChunkN = kChunkN_;  // keys per CTA: the cluster's rank r takes keys [r, r + 1) * kChunkN
+  static constexpr int kSplit = kSplit_;    // key groups per CTA
   static constexpr int kBlockN = kBlockN_;  // Bc: keys per warp per tile (one cp.async group each for K, V)
   static constexpr int kWarpM = kWarpM_;    // query rows per warp
   static constexpr int kMaxCluster = V11_CLUSTER_MAX;
@@ -356,40 +387,54 @@ struct V11ClusterConfig {
   static constexpr int kNTiles = kBlockN / 8;
   static constexpr int kDTiles = kHeadDim / 8;
   static constexpr int kKChunks = kHeadDim / 16;
-  static constexpr int kTiles = kChunkN / kBlockN;  // tiles per chunk
-  static constexpr int kWarps = kBlockM / kWarpM;
+  static constexpr int kGroupN = kChunkN / kSplit;  // keys per group
+  static constexpr int kTiles = kGroupN / kBlockN;  // tiles per warp
+  static constexpr int kRowWarps = kBlockM / kWarpM;
+  static constexpr int kWarps = kRowWarps * kSplit;
   static constexpr int kThreads = kWarps * fc::kWarpSize;
+  static constexpr int kGroupThreads = kRowWarps * fc::kWarpSize;
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kRowBytes = kHeadDim * 2;
-  static constexpr bool kQInRegs = kMTiles * kHeadDim <= 128;
+  static constexpr bool kQInRegs = true;  // loaded from global memory, never staged in shared memory
 
-  static constexpr int kQBytes = kBlockM * kRowBytes;
-  static constexpr int kKvBytes = kChunkN * kRowBytes;
-  static constexpr int kLoopBytes = kQBytes + 2 * kKvBytes;
-  static constexpr int kOStride = kHeadDim + 8;  // as V11Config: float2 fragment stores free of conflicts
+  static constexpr int kKvBytes = kGroupN * kRowBytes;
+  static constexpr int kGroupBytes = 2 * kKvBytes;
+  static constexpr int kLoopBytes = kSplit * kGroupBytes;
+  static constexpr int kOStride = kHeadDim + 8;  // as V11Config; columns D, D + 1 carry a row's (m, l)
+  static constexpr int kRowPartBytes = kOStride * 4;
+  static constexpr int kStatsBytes = (kSplit * kBlockM * 8 + 127) / 128 * 128;
+  static constexpr int kPartsBytes = kStatsBytes + kSplit * kBlockM * kRowPartBytes;
+  static constexpr int kPartsEnd = kLoopBytes > kPartsBytes ? kLoopBytes : kPartsBytes;
   // receive slots: n * ceil(kBlockM / n) <= kBlockM + n - 1 rows
-  static constexpr int kMergeRows = kBlockM + kMaxCluster;
-  static constexpr int kStatsBytes = (kMergeRows * 8 + 127) / 128 * 128;
-  static constexpr int kMergeBytes = kStatsBytes + kMergeRows * kOStride * 4;
-  static constexpr int kSmemBytes = kLoopBytes > kMergeBytes ? kLoopBytes : kMergeBytes;
+  static constexpr int kBarOffset = kPartsEnd + (kBlockM + kMaxCluster - 1) * kRowPartBytes;
+  static constexpr int kSmemBytes = kBarOffset + 16;
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
   static_assert(kWarpM == 16 || kWarpM == 32, "CLUSTER WARP_M: 16 or 32 query rows per warp");
+  static_assert(kMTiles * kHeadDim <= 128, "CLUSTER WARP_M x D: Q_i's fragments must fit the registers");
   static_assert(kBlockM % kWarpM == 0 && kBlockM >= kWarpM, "CLUSTER BLOCK_M: a multiple of WARP_M");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 128, "CLUSTER BLOCK_N: a multiple of 16 in 16..128");
-  static_assert(kChunkN % kBlockN == 0, "CLUSTER CHUNK_N: a multiple of BLOCK_N");
-  static_assert(2 * kTiles <= 16, "CLUSTER CHUNK_N / BLOCK_N: at most 8 tiles (cp_async_wait_n's range)");
+  static_assert(kSplit >= 1 && kSplit <= 15, "CLUSTER SPLIT: 1..15 groups (one named barrier each)");
+  static_assert(kChunkN % (kSplit * kBlockN) == 0, "CLUSTER CHUNK_N: a multiple of SPLIT * BLOCK_N");
+  static_assert(2 * kTiles <= 16, "CLUSTER CHUNK_N / (SPLIT * BLOCK_N): at most 8 tiles (cp_async_wait_n's range)");
   static_assert(kMaxCluster >= 1 && kMaxCluster <= 8, "CLUSTER_MAX: 1..8 CTAs (the portable cluster size)");
-  static_assert(kWarps <= kMaxWarps, "CLUSTER BLOCK_M / WARP_M: at most 16 warps per CTA");
-  static_assert(kThreads % kChunks == 0 && (kThreads / kChunks) % 8 == 0,
-                "a CTA-wide copy pass must cover whole 8-row swizzle periods");
+  static_assert(kWarps <= kMaxWarps, "CLUSTER (BLOCK_M / WARP_M) * SPLIT: at most 16 warps per CTA");
   static_assert(kSmemBytes <= kMaxSmemBytes, "shared memory: at most 99 KB per block (the L4's limit)");
 };
 
-using ClusterD64 = V11ClusterConfig<64, V11_CLUSTER_D64_BLOCK_M, V11_CLUSTER_D64_CHUNK_N, V11_CLUSTER_D64_BLOCK_N,
-                                    V11_CLUSTER_D64_WARP_M, V11_CLUSTER_D64_MIN_BLOCKS>;
-using ClusterD128 = V11ClusterConfig<128, V11_CLUSTER_D128_BLOCK_M, V11_CLUSTER_D128_CHUNK_N,
+using ClusterD64 = V11ClusterConfig<64, V11_CLUSTER_D64_BLOCK_M, V11_CLUSTER_D64_CHUNK_N, V11_CLUSTER_D64_SPLIT,
+                                    V11_CLUSTER_D64_BLOCK_N, V11_CLUSTER_D64_WARP_M, V11_CLUSTER_D64_MIN_BLOCKS>;
+using ClusterD128 = V11ClusterConfig<128, V11_CLUSTER_D128_BLOCK_M, V11_CLUSTER_D128_CHUNK_N, V11_CLUSTER_D128_SPLIT,
                                      V11_CLUSTER_D128_BLOCK_N, V11_CLUSTER_D128_WARP_M, V11_CLUSTER_D128_MIN_BLOCKS>;
+
+// The copy geometry copy_rows_async needs when a subset of the CTA's threads copies a tile.
+template <int kHeadDim_, int kThreads_>
+struct CopyShape {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kThreads = kThreads_;
+  static constexpr int kChunks = kHeadDim / 8;
+  static constexpr int kRowBytes = kHeadDim * 2;
+};
 
 // kRows x kChunks 16-byte chunks of a [S, D] slice, rows first_row.., into a swizzled tile. Rows at or past
 // valid_rows are zeroed with a plain shared store instead (never read from global memory), so the copies
@@ -402,6 +447,22 @@ __device__ __forceinline__ void copy_rows_async(unsigned char* tile, const __hal
   const int row0 = tid / Cfg::kChunks;
   const int chunk = tid % Cfg::kChunks;
   const __half* g = src + static_cast<size_t>(first_row + row0) * Cfg::kHeadDim + chunk * 8;
+  if constexpr (kRowsPerPass % 8 != 0) {
+    // Fewer than 8 rows per pass (a 64-thread copy group at D=128): the XOR changes from pass to pass.
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int row = row0 + pass * kRowsPerPass;
+      unsigned char* s = tile + fc::swizzle(row, chunk, Cfg::kRowBytes);
+      if ((kRows * Cfg::kChunks) % Cfg::kThreads == 0 || row < kRows) {
+        if (first_row + row < valid_rows) {
+          fc::cp_async_16(s, g + pass * kRowsPerPass * Cfg::kHeadDim, true);
+        } else {
+          *reinterpret_cast<uint4*>(s) = make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+    return;
+  }
   unsigned char* s = tile + fc::swizzle(row0, chunk, Cfg::kRowBytes);  // row0 + k * kRowsPerPass: same XOR
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
@@ -443,6 +504,27 @@ __device__ __forceinline__ void load_q_fragments(QFragments<Cfg>& q_frag, uint32
 #pragma unroll
     for (int kc = 0; kc < Cfg::kKChunks; ++kc)
       fc::ldmatrix_x4(q_frag[mt][kc], q_lane + mt * 16 * Cfg::kRowBytes + fc::ldmatrix_chunk(kc, lane >> 4, lane));
+}
+
+// The same fragments straight from global memory (the cluster kernel never stages Q_i in shared memory):
+// lane (g, t) of an m16 tile holds rows g and g + 8, columns 2t, 2t + 1 and 2t + 8, 2t + 9 of each k16
+// step, four 4-byte loads per step. Rows at or past seq_len read as zeros.
+template <class Cfg>
+__device__ __forceinline__ void load_q_fragments_global(QFragments<Cfg>& q_frag, const __half* q, int row0,
+                                                        int seq_len, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + mt * 16 + (lane >> 2) + 8 * h;
+      const uint32_t* src =
+          reinterpret_cast<const uint32_t*>(q + static_cast<size_t>(row) * Cfg::kHeadDim) + (lane & 3);
+#pragma unroll
+      for (int kc = 0; kc < Cfg::kKChunks; ++kc) {
+        q_frag[mt][kc][h] = row < seq_len ? __ldg(src + kc * 8) : 0u;
+        q_frag[mt][kc][2 + h] = row < seq_len ? __ldg(src + kc * 8 + 4) : 0u;
+      }
+    }
 }
 
 // l_i: the four lanes of a row each summed a quarter of its columns.
@@ -599,6 +681,60 @@ __device__ __forceinline__ void accumulate_pv(const float (&s)[Cfg::kMTiles][Cfg
   }
 }
 
+// The split kernels' partials: each warp's unnormalised (m_i, l_i, O_i) rows into shared memory, row
+// `group * kBlockM + r` of stats ([kSplit][kBlockM] float2: m_i * scale log2 e, l_i) and of o_part
+// ([kSplit][kBlockM][kOStride] fp32).
+template <class Cfg>
+__device__ __forceinline__ void store_partials(float2* stats, float* o_part,
+                                               const float (&o)[Cfg::kMTiles][Cfg::kDTiles][4],
+                                               const float (&m_i)[Cfg::kMTiles][2], const float (&l_i)[Cfg::kMTiles][2],
+                                               int group, int row_warp, float scale_log2, int lane) {
+  const int g = lane >> 2;
+  const int tq = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = group * Cfg::kBlockM + row_warp * Cfg::kWarpM + mt * 16 + g + 8 * h;
+      if (tq == 0) stats[row] = make_float2(m_i[mt][h] * scale_log2, l_i[mt][h]);
+#pragma unroll
+      for (int d = 0; d < Cfg::kDTiles; ++d) {
+        *reinterpret_cast<float2*>(o_part + row * Cfg::kOStride + 8 * d + 2 * tq) =
+            make_float2(o[mt][d][2 * h], o[mt][d][2 * h + 1]);
+      }
+    }
+}
+
+// Columns 8c .. 8c + 7 of one row merged over kParts partials, part p present when p < n: stat(p) gives its
+// (m, l) with m in log2 units, row(p) its unnormalised O row. Returns m = max_p m_p (-inf when no part saw
+// a key) and leaves l = sum_p exp2(m_p - m) l_p and acc = sum_p exp2(m_p - m) O_p; with m = -inf every
+// weight is 0, not NaN.
+template <int kParts, class Stat, class Row>
+__device__ __forceinline__ float merge_parts(int n, Stat stat, Row row, int c, float& l_all, float (&acc)[8]) {
+  float m_all = -INFINITY;
+#pragma unroll
+  for (int sp = 0; sp < kParts; ++sp)
+    if (sp < n) m_all = fmaxf(m_all, stat(sp).x);
+  const float m_ref = m_all == -INFINITY ? 0.f : m_all;
+  l_all = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j] = 0.f;
+#pragma unroll
+  for (int sp = 0; sp < kParts; ++sp) {
+    if (sp < n) {
+      const float2 st = stat(sp);
+      const float w = exp2f(st.x - m_ref);
+      l_all += w * st.y;
+      const float4* part = reinterpret_cast<const float4*>(row(sp) + c * 8);
+      const float4 lo = part[0];
+      const float4 hi = part[1];
+      acc[0] += w * lo.x; acc[1] += w * lo.y; acc[2] += w * lo.z; acc[3] += w * lo.w;
+      acc[4] += w * hi.x; acc[5] += w * hi.y; acc[6] += w * hi.z; acc[7] += w * hi.w;
+    }
+  }
+  return m_all;
+}
+
 // cp.async.wait_group with a count known only after unrolling (the switch folds away).
 __device__ __forceinline__ void cp_async_wait_n(int pending) {
   switch (pending) {
@@ -642,8 +778,18 @@ __device__ __forceinline__ uint32_t cluster_size() {
   return n;
 }
 
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+// The cluster barrier in two halves; every thread of every CTA takes part, and the two alternate. The
+// arrive is relaxed: a release arrive compiles to MEMBAR.ALL.GPU, a wait for all of the thread's memory
+// traffic. What the peers must see is published otherwise: the mbarrier's initialisation by
+// fence.mbarrier_init, the pushed partials by the mbarrier's transaction count. (Changed together with
+// issuing Q_i's loads first: the kernel went from 12.2 to 10.8 us at 1,8,512,64, and S = Q K_0^T from
+// 4.1 to 3.5 us after the start.)
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
 // The shared::cluster address of `smem_address` (a shared::cta address of this CTA) in CTA `rank`.
@@ -653,8 +799,26 @@ __device__ __forceinline__ uint32_t map_to_rank(uint32_t smem_address, uint32_t 
   return r;
 }
 
-__device__ __forceinline__ void st_cluster_f2(uint32_t address, float x, float y) {
-  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(address), "f"(x), "f"(y) : "memory");
+// Makes this thread's ordinary shared-memory writes visible to the bulk-copy engine (the async proxy).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// One thread: an mbarrier that completes once `bytes` of bulk copies have landed in this CTA, made visible
+// to the cluster (peers' copies count down on it).
+__device__ __forceinline__ void mbarrier_init_expect_bytes(uint64_t* bar, uint32_t bytes) {
+  fc::mbarrier_init(bar, 1);
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(fc::smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+
+// `bytes` (a multiple of 16) from this CTA's shared memory at src into a peer's at dst, as one bulk copy
+// that counts down the peer's mbarrier at bar (dst and bar: shared::cluster addresses from map_to_rank).
+__device__ __forceinline__ void push_bulk(uint32_t dst, uint32_t src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(dst), "r"(src), "r"(bytes), "r"(bar)
+               : "memory");
 }
 
 #endif
@@ -702,8 +866,12 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
     copy_rows_async<Cfg, Cfg::kTileN>(k_s + Cfg::kKvBytes, v, tile * Cfg::kTileN, kv_end, tid);
   };
 
+  // Q_i straight into registers when it never touches shared memory: issued first, it is needed first.
+  QFragments<Cfg> q_frag;
+  if constexpr (Cfg::kQFromGlobal) load_q_fragments_global<Cfg>(q_frag, q, m0 + row_warp * kWarpM, seq_len, lane);
+
   // Prologue: Q_i and the first kStages - 1 tiles in flight at once (Q_i rides in tile 0's group).
-  copy_rows_async<Cfg, kBlockM>(q_s, q, m0, seq_len, tid);
+  if constexpr (!Cfg::kQFromGlobal) copy_rows_async<Cfg, kBlockM>(q_s, q, m0, seq_len, tid);
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < n_tiles) load_tile(st, st);
@@ -737,7 +905,6 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
   float m_i[Cfg::kMTiles][2];
   float l_i[Cfg::kMTiles][2];
   init_rows<Cfg>(o_acc, m_i, l_i);
-  QFragments<Cfg> q_frag;
 
   int compute_stage = 0;
   int load_stage = kStages - 1;
@@ -748,7 +915,7 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
     fc::cp_async_commit();  // an empty group at the tail keeps the wait count uniform
     load_stage = load_stage + 1 == kStages ? 0 : load_stage + 1;
 
-    if constexpr (Cfg::kQInRegs) {
+    if constexpr (Cfg::kQInRegs && !Cfg::kQFromGlobal) {
       if (t == 0) load_q_fragments<Cfg>(q_frag, q_lane, lane);
     }
 
@@ -811,41 +978,18 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
     __syncthreads();  // every warp has left the loop: the ring's bytes are free for the merge
     float2* stats = reinterpret_cast<float2*>(smem);                       // [kSplit][kBlockM]
     float* o_part = reinterpret_cast<float*>(smem + Cfg::kStatsBytes);    // [kSplit][kBlockM][kOStride]
-#pragma unroll
-    for (int mt = 0; mt < Cfg::kMTiles; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = group * kBlockM + row_warp * kWarpM + mt * 16 + g + 8 * h;
-        if (tq == 0) stats[row] = make_float2(m_i[mt][h] * scale_log2, l_i[mt][h]);
-#pragma unroll
-        for (int d = 0; d < Cfg::kDTiles; ++d) {
-          *reinterpret_cast<float2*>(o_part + row * Cfg::kOStride + 8 * d + 2 * tq) =
-              make_float2(o_acc[mt][d][2 * h], o_acc[mt][d][2 * h + 1]);
-        }
-      }
+    store_partials<Cfg>(stats, o_part, o_acc, m_i, l_i, group, row_warp, scale_log2, lane);
     __syncthreads();
     constexpr int kBlockChunks = kBlockM * Cfg::kChunks;
     for (int i = tid; i < kBlockChunks; i += Cfg::kThreads) {
       const int r = i / Cfg::kChunks;
       const int c = i % Cfg::kChunks;
       if (m0 + r >= seq_len) continue;
-      float m_all = -INFINITY;
-#pragma unroll
-      for (int sg = 0; sg < kSplit; ++sg) m_all = fmaxf(m_all, stats[sg * kBlockM + r].x);
-      if (m_all == -INFINITY) m_all = 0.f;  // (no group saw a key: every weight is 0, not NaN)
-      float l_all = 0.f;
-      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int sg = 0; sg < kSplit; ++sg) {
-        const float2 st = stats[sg * kBlockM + r];
-        const float w = exp2f(st.x - m_all);
-        l_all += w * st.y;
-        const float4* part = reinterpret_cast<const float4*>(o_part + (sg * kBlockM + r) * Cfg::kOStride + c * 8);
-        const float4 lo = part[0];
-        const float4 hi = part[1];
-        acc[0] += w * lo.x; acc[1] += w * lo.y; acc[2] += w * lo.z; acc[3] += w * lo.w;
-        acc[4] += w * hi.x; acc[5] += w * hi.y; acc[6] += w * hi.z; acc[7] += w * hi.w;
-      }
+      float l_all;
+      float acc[8];
+      merge_parts<kSplit>(
+          kSplit, [&](int sg) { return stats[sg * kBlockM + r]; },
+          [&](int sg) { return o_part + (sg * kBlockM + r) * Cfg::kOStride; }, c, l_all, acc);
       const float inv_l = l_all > 0.f ? 1.f / l_all : 0.f;
       uint4 out;
       out.x = fc::pack_half2(acc[0] * inv_l, acc[1] * inv_l);
@@ -858,23 +1002,28 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
 }
 
 // Cluster split-K (sm_90, short sequences). Grid: x = key chunk (the cluster axis: gridDim.x = cluster size
-// = ceil(S / kChunkN), so rank = blockIdx.x), y = query tile, z = batch * heads. Each CTA loads Q_i and its
-// whole K_j, V_j chunk in one burst (one DRAM round trip, no ring refills), runs FA2 over it, and leaves
-// unnormalised (m_i, l_i, O_i) in its own shared memory; after a cluster barrier, rank r merges rows
-// [r, r + 1) * ceil(kBlockM / n) of all n ranks' partials over DSMEM and writes them; a second cluster
-// barrier keeps every CTA (and its shared memory) alive until all its readers are done.
-template <int kHeadDim, int kBlockM, int kChunkN, int kBlockN, int kWarpM, int kMinBlocks>
-__global__ void __launch_bounds__(V11ClusterConfig<kHeadDim, kBlockM, kChunkN, kBlockN, kWarpM, kMinBlocks>::kThreads,
-                                  kMinBlocks) v11_cluster_fwd(FlashcoreParams p) {
+// = ceil(S / kChunkN), so rank = blockIdx.x), y = query tile, z = batch * heads. Each group of warps loads
+// its kGroupN keys' K and V at once and runs FA2 over them with Q_i in registers; the groups merge inside
+// the CTA through shared memory; then each rank pushes the rows other ranks own to them with one bulk
+// copy per peer (distributed shared memory, counted on the owner's mbarrier), and each owner merges its
+// rows and writes them with 16-byte stores.
+template <int kHeadDim, int kBlockM, int kChunkN, int kSplit, int kBlockN, int kWarpM, int kMinBlocks>
+__global__ void __launch_bounds__(
+    V11ClusterConfig<kHeadDim, kBlockM, kChunkN, kSplit, kBlockN, kWarpM, kMinBlocks>::kThreads,
+    kMinBlocks) v11_cluster_fwd(FlashcoreParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Cfg = V11ClusterConfig<kHeadDim, kBlockM, kChunkN, kBlockN, kWarpM, kMinBlocks>;
+  using Cfg = V11ClusterConfig<kHeadDim, kBlockM, kChunkN, kSplit, kBlockN, kWarpM, kMinBlocks>;
+  using GroupCopy = CopyShape<kHeadDim, Cfg::kGroupThreads>;
   extern __shared__ __align__(128) unsigned char smem[];
 
   const int tid = threadIdx.x;
   const int lane = tid % fc::kWarpSize;
   const int warp = tid / fc::kWarpSize;
-  const uint32_t rank = cluster_rank();
-  const uint32_t n_ranks = cluster_size();
+  const int group = warp / Cfg::kRowWarps;     // which kGroupN keys of the chunk this warp takes
+  const int row_warp = warp % Cfg::kRowWarps;  // which kWarpM rows of Q_i this warp owns
+  const int group_tid = tid % Cfg::kGroupThreads;
+  const int rank = static_cast<int>(cluster_rank());
+  const int n_ranks = static_cast<int>(cluster_size());
   const int seq_len = p.seq_len;
   const int m_block = p.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
   const int m0 = m_block * kBlockM;
@@ -884,56 +1033,62 @@ __global__ void __launch_bounds__(V11ClusterConfig<kHeadDim, kBlockM, kChunkN, k
   const __half* __restrict__ v = p.v + base;  // [S, D]
   __half* __restrict__ o = p.o + base;        // [S, D]
 
-  unsigned char* q_s = smem;                         // [kBlockM][D]
-  unsigned char* k_s = smem + Cfg::kQBytes;          // [kChunkN][D]
-  unsigned char* v_s = k_s + Cfg::kKvBytes;          // [kChunkN][D]
+  // Rank r owns rows [r, r + 1) * rows_per_rank of the tile for the cluster merge; the last may own fewer.
+  const int rows_per_rank = fc::ceil_div(kBlockM, n_ranks);
+  auto rows_of = [&](int r) { return max(0, min(rows_per_rank, kBlockM - r * rows_per_rank)); };
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + Cfg::kBarOffset);
+  if (tid == 0) mbarrier_init_expect_bytes(bar, (n_ranks - 1) * rows_of(rank) * Cfg::kRowPartBytes);
 
-  // This CTA's keys [c0, c1): its chunk, cut at the sequence end and (causal) past the tile's last row.
+  // Q_i first (the first thing every warp needs), straight into registers.
+  const int warp_row0 = m0 + row_warp * kWarpM;
+  QFragments<Cfg> q_frag;
+  load_q_fragments_global<Cfg>(q_frag, q, warp_row0, seq_len, lane);
+
+  // This group's keys [g0, g1): its share of the chunk, cut at the sequence end and (causal) past the
+  // tile's last row. Prologue: all of them at once, one cp.async group per tile and operand in the order
+  // they are consumed ({K_0}, {V_0}, {K_1}, ...); rows past g1 in the last tile are zeroed (a NaN pattern
+  // in V would survive P = 0), tiles wholly past it are neither loaded nor read.
   const int kv_end = p.causal ? min(seq_len, m0 + kBlockM) : seq_len;
-  const int c0 = static_cast<int>(rank) * kChunkN;
-  const int c1 = min(c0 + kChunkN, kv_end);
-
-  // Prologue: everything at once, one group per tile and operand in the order they are consumed:
-  // {Q_i, K_0}, {V_0}, {K_1}, {V_1}, ... Tiles past c1 are neither loaded nor read; rows past c1 in the
-  // last tile are zeroed (a NaN pattern in V would survive P = 0).
-  if (c0 < c1) copy_rows_async<Cfg, kBlockM>(q_s, q, m0, seq_len, tid);
+  const int g0 = rank * kChunkN + group * Cfg::kGroupN;
+  const int g1 = min(g0 + Cfg::kGroupN, kv_end);
+  unsigned char* k_s = smem + group * Cfg::kGroupBytes;  // [kGroupN][D]
+  unsigned char* v_s = k_s + Cfg::kKvBytes;              // [kGroupN][D]
 #pragma unroll
   for (int t = 0; t < Cfg::kTiles; ++t) {
-    const bool loaded = c0 + t * kBlockN < c1;
-    if (loaded) copy_rows_async<Cfg, kBlockN>(k_s + t * kBlockN * Cfg::kRowBytes, k, c0 + t * kBlockN, c1, tid);
+    const bool loaded = g0 + t * kBlockN < g1;
+    const int row0 = g0 + t * kBlockN;
+    if (loaded) copy_rows_async<GroupCopy, kBlockN>(k_s + t * kBlockN * Cfg::kRowBytes, k, row0, g1, group_tid);
     fc::cp_async_commit();
-    if (loaded) copy_rows_async<Cfg, kBlockN>(v_s + t * kBlockN * Cfg::kRowBytes, v, c0 + t * kBlockN, c1, tid);
+    if (loaded) copy_rows_async<GroupCopy, kBlockN>(v_s + t * kBlockN * Cfg::kRowBytes, v, row0, g1, group_tid);
     fc::cp_async_commit();
   }
+  cluster_arrive_relaxed();  // (1) this CTA's mbarrier is initialised; waited for just before the pushes
 
-  const int warp_row0 = m0 + warp * kWarpM;
   const int warp_kv_end = warp_row0 >= seq_len ? 0 : p.causal ? min(seq_len, warp_row0 + kWarpM) : seq_len;
-  const int warp_key_end = min(c1, warp_kv_end);  // this warp's keys: [c0, warp_key_end)
+  const int warp_key_end = min(g1, warp_kv_end);  // this warp's keys: [g0, warp_key_end)
   const float scale_log2 = p.scale * kLog2e;
-
   const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;
   const int k_row = (lane & 7) + (lane >> 4) * 8;
-  const uint32_t q_lane = fc::smem_addr(q_s) + (warp * kWarpM + a_row) * Cfg::kRowBytes;
 
   float o_acc[Cfg::kMTiles][Cfg::kDTiles][4];
   float m_i[Cfg::kMTiles][2];
   float l_i[Cfg::kMTiles][2];
   init_rows<Cfg>(o_acc, m_i, l_i);
-  QFragments<Cfg> q_frag;
 
+  // A group's warps meet at their own named barrier (1 + group): groups never wait for each other's bytes.
+  auto group_sync = [&] {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + group), "r"(Cfg::kGroupThreads) : "memory");
+  };
 #pragma unroll
   for (int t = 0; t < Cfg::kTiles; ++t) {
-    cp_async_wait_n(2 * (Cfg::kTiles - t) - 1);  // this thread's Q_i (t = 0) and K_t have landed
-    __syncthreads();                              // everyone's have
-    if constexpr (Cfg::kQInRegs) {
-      if (t == 0) load_q_fragments<Cfg>(q_frag, q_lane, lane);
-    }
-    const int key0 = c0 + t * kBlockN;  // this tile's keys: key0 .. key0 + kBlockN - 1
+    cp_async_wait_n(2 * (Cfg::kTiles - t) - 1);  // this thread's copies of K_t have landed
+    group_sync();                                 // the group's have
+    const int key0 = g0 + t * kBlockN;  // this tile's keys: key0 .. key0 + kBlockN - 1
     const bool active = key0 < warp_key_end;
     float s[Cfg::kMTiles][Cfg::kNTiles][4];
     if (active) {
       // S = Q_i K_t^T
-      warp_scores<Cfg>(s, q_frag, q_lane, fc::smem_addr(k_s) + (t * kBlockN + k_row) * Cfg::kRowBytes, lane);
+      warp_scores<Cfg>(s, q_frag, 0u, fc::smem_addr(k_s) + (t * kBlockN + k_row) * Cfg::kRowBytes, lane);
       if (key0 + kBlockN > seq_len || (p.causal && key0 + kBlockN - 1 > warp_row0)) {
         mask_scores<Cfg>(s, warp_row0, key0, seq_len, p.causal, lane);
       }
@@ -941,81 +1096,74 @@ __global__ void __launch_bounds__(V11ClusterConfig<kHeadDim, kBlockM, kChunkN, k
       online_softmax<Cfg>(s, o_acc, m_i, l_i, scale_log2);
     }
     cp_async_wait_n(2 * (Cfg::kTiles - t) - 2);  // V_t has landed
-    __syncthreads();
+    group_sync();
     if (active) {
       // O = O + P V_t
       accumulate_pv<Cfg>(s, o_acc, fc::smem_addr(v_s) + (t * kBlockN + a_row) * Cfg::kRowBytes, lane);
     }
   }
-
   sum_row_quads<Cfg>(l_i);
-  const int g = lane >> 2;
-  const int tq = lane & 3;
 
-  // Merge over the n ranks, pushed: rank r owns rows [r, r + 1) * ceil(kBlockM / n) of the tile. After barrier
-  // A (every rank has left its main loop, so every CTA's Q_i, K, V bytes are free), each rank stores its
-  // partials (m_i, l_i, unnormalised O_i) for every row straight into the owner's shared memory with
-  // st.shared::cluster; barrier B releases them; each owner then merges from its own shared memory:
-  // m = max_r m_r, l = sum_r exp2(m_r - m) l_r, O = sum_r exp2(m_r - m) O_r / l. Nothing touches a peer
-  // after B, so no exit barrier is needed (the first version pulled with ld.shared::cluster and needed one).
-  // Measured at 1,8,512,64 (64-row CTAs, probe timeline): the exchange takes ~2.2 us however it is done,
-  // pulled 2.4, pushed 2.3, pushed with st.async counted on the owner's mbarrier (no release/acquire
-  // barrier, no MEMBAR.ALL.GPU) 2.2: 16 KB per CTA, ~2 CTAs per SM, so distributed shared memory moved
-  // ~16 B/ns per SM. The st.async form is also invalid in a cluster of one CTA (compute-sanitizer: "Cluster
-  // needs to have at least 2 blocks"), so this form stays.
-  cluster_sync();  // A
-  const int rows_per_rank = fc::ceil_div(kBlockM, static_cast<int>(n_ranks));
-  const uint32_t stats_addr = fc::smem_addr(smem);                   // [n * rows_per_rank] float2
-  const uint32_t o_in_addr = fc::smem_addr(smem + Cfg::kStatsBytes);  // [n * rows_per_rank][kOStride] fp32
-#pragma unroll
-  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = warp * kWarpM + mt * 16 + g + 8 * h;
-      const int owner = row / rows_per_rank;
-      const int slot = static_cast<int>(rank) * rows_per_rank + row - owner * rows_per_rank;
-      if (tq == 0) st_cluster_f2(map_to_rank(stats_addr, owner) + slot * 8, m_i[mt][h] * scale_log2, l_i[mt][h]);
-      const uint32_t dst = map_to_rank(o_in_addr, owner) + (slot * Cfg::kOStride + 2 * tq) * 4;
-#pragma unroll
-      for (int d = 0; d < Cfg::kDTiles; ++d) {
-        st_cluster_f2(dst + 8 * d * 4, o_acc[mt][d][2 * h], o_acc[mt][d][2 * h + 1]);
-      }
-    }
-  cluster_sync();  // B: every rank's pushes have landed and are visible to their owners
+  // In-CTA merge: every group's (m_i, l_i, O_i) rows into shared memory (the K, V bytes are free once every
+  // group has left its loop), then one thread per (row, 8 columns) combines the groups into group 0's rows,
+  // unnormalised, with the row's (m, l) in columns D, D + 1: m = max_g m_g, l = sum_g exp2(m_g - m) l_g,
+  // O = sum_g exp2(m_g - m) O_g. A row no group saw keeps m = -inf (weight 0 in the cluster merge).
+  __syncthreads();
+  float2* stats = reinterpret_cast<float2*>(smem);                     // [kSplit][kBlockM]
+  float* o_part = reinterpret_cast<float*>(smem + Cfg::kStatsBytes);  // [kSplit][kBlockM][kOStride]
+  store_partials<Cfg>(stats, o_part, o_acc, m_i, l_i, group, row_warp, scale_log2, lane);
+  __syncthreads();
+  for (int i = tid; i < kBlockM * Cfg::kChunks; i += Cfg::kThreads) {
+    const int r = i / Cfg::kChunks;
+    const int c = i % Cfg::kChunks;
+    float l_all;
+    float acc[8];
+    const float m_all = merge_parts<kSplit>(
+        kSplit, [&](int sg) { return stats[sg * kBlockM + r]; },
+        [&](int sg) { return o_part + (sg * kBlockM + r) * Cfg::kOStride; }, c, l_all, acc);
+    float4* merged = reinterpret_cast<float4*>(o_part + r * Cfg::kOStride + c * 8);
+    merged[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    merged[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    if (c == 0) *reinterpret_cast<float2*>(o_part + r * Cfg::kOStride + kHeadDim) = make_float2(m_all, l_all);
+  }
 
-  const float2* stats = reinterpret_cast<const float2*>(smem);
-  const float* o_in = reinterpret_cast<const float*>(smem + Cfg::kStatsBytes);
-  const int r_begin = static_cast<int>(rank) * rows_per_rank;
-  const int my_rows = min(kBlockM - r_begin, rows_per_rank);
+  // Cluster merge: push each peer the rows it owns (contiguous in group 0's slot: one bulk copy), into
+  // receive slot [this rank] of its shared memory, counted down on its mbarrier.
+  fence_proxy_async_shared();
+  __syncthreads();
+  const uint32_t recv = fc::smem_addr(smem + Cfg::kPartsEnd);
+  cluster_wait();  // (1): every peer's mbarrier is initialised
+  if (tid < n_ranks && tid != rank && rows_of(tid) > 0) {
+    push_bulk(map_to_rank(recv + rank * rows_per_rank * Cfg::kRowPartBytes, tid),
+              fc::smem_addr(o_part + tid * rows_per_rank * Cfg::kOStride), rows_of(tid) * Cfg::kRowPartBytes,
+              map_to_rank(fc::smem_addr(bar), tid));
+  }
+  fc::mbarrier_wait_parity(bar, 0);  // every peer's rows for this rank have landed
+  cluster_arrive_relaxed();          // (2) and so their sources are read: the peers may exit
+
+  // m = max_r m_r, l = sum_r exp2(m_r - m) l_r, O = sum_r exp2(m_r - m) O_r / l over the ranks' partials.
+  const float* received = reinterpret_cast<const float*>(smem + Cfg::kPartsEnd);
+  const int r_begin = rank * rows_per_rank;
+  const int my_rows = rows_of(rank);
   for (int i = tid; i < my_rows * Cfg::kChunks; i += Cfg::kThreads) {
     const int lr = i / Cfg::kChunks;
     const int c = i % Cfg::kChunks;
     if (m0 + r_begin + lr >= seq_len) continue;
-    float m_all = -INFINITY;
-#pragma unroll
-    for (int sr = 0; sr < Cfg::kMaxCluster; ++sr)
-      if (sr < static_cast<int>(n_ranks)) m_all = fmaxf(m_all, stats[sr * rows_per_rank + lr].x);
-    if (m_all == -INFINITY) m_all = 0.f;  // (no rank saw a key: every weight is 0, not NaN)
-    float l_all = 0.f;
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int sr = 0; sr < Cfg::kMaxCluster; ++sr) {
-      if (sr < static_cast<int>(n_ranks)) {
-        const float2 st = stats[sr * rows_per_rank + lr];
-        const float w = exp2f(st.x - m_all);
-        l_all += w * st.y;
-        const float4* part = reinterpret_cast<const float4*>(o_in + (sr * rows_per_rank + lr) * Cfg::kOStride + c * 8);
-        const float4 lo = part[0];
-        const float4 hi = part[1];
-        acc[0] += w * lo.x; acc[1] += w * lo.y; acc[2] += w * lo.z; acc[3] += w * lo.w;
-        acc[4] += w * hi.x; acc[5] += w * hi.y; acc[6] += w * hi.z; acc[7] += w * hi.w;
-      }
-    }
+    auto part_of = [&](int sr) {
+      return sr == rank ? o_part + (r_begin + lr) * Cfg::kOStride
+                        : received + (sr * rows_per_rank + lr) * Cfg::kOStride;
+    };
+    float l_all;
+    float acc[8];
+    merge_parts<Cfg::kMaxCluster>(
+        n_ranks, [&](int sr) { return *reinterpret_cast<const float2*>(part_of(sr) + kHeadDim); }, part_of, c,
+        l_all, acc);
     const float inv_l = l_all > 0.f ? 1.f / l_all : 0.f;
     st_global_16(o + static_cast<size_t>(m0 + r_begin + lr) * kHeadDim + c * 8,
                  fc::pack_half2(acc[0] * inv_l, acc[1] * inv_l), fc::pack_half2(acc[2] * inv_l, acc[3] * inv_l),
                  fc::pack_half2(acc[4] * inv_l, acc[5] * inv_l), fc::pack_half2(acc[6] * inv_l, acc[7] * inv_l));
   }
+  cluster_wait();  // (2): no CTA leaves while a push out of its shared memory may still be reading it
 #else
   __trap();  // sm_90 only: the launcher never starts it on an older device
 #endif
@@ -1053,8 +1201,8 @@ template <class Cfg>
 struct ClusterKernelName {
   char text[64];
   ClusterKernelName() {
-    snprintf(text, sizeof(text), "v11_cluster_fwd<%d, %d, %d, %d, %d, %d>", Cfg::kHeadDim, Cfg::kBlockM,
-             Cfg::kChunkN, Cfg::kBlockN, Cfg::kWarpM, Cfg::kMinBlocks);
+    snprintf(text, sizeof(text), "v11_cluster_fwd<%d, %d, %d, %d, %d, %d, %d>", Cfg::kHeadDim, Cfg::kBlockM,
+             Cfg::kChunkN, Cfg::kSplit, Cfg::kBlockN, Cfg::kWarpM, Cfg::kMinBlocks);
   }
 };
 
@@ -1099,7 +1247,8 @@ static int sm_count() {
 #if V11_CLUSTER
 template <class Cfg>
 static constexpr auto cluster_kernel_of() {
-  return v11_cluster_fwd<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kChunkN, Cfg::kBlockN, Cfg::kWarpM, Cfg::kMinBlocks>;
+  return v11_cluster_fwd<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kChunkN, Cfg::kSplit, Cfg::kBlockN, Cfg::kWarpM,
+                         Cfg::kMinBlocks>;
 }
 
 // The cluster path needs an sm_90 device and an sm_90 build of the kernel (an older build's body traps):
