@@ -136,6 +136,15 @@ v9check() {  # v9 after its barrier fixes: every sanitizer, the test set
   step stress-v9 python3 scripts/stress.py v9 --launches 2000 --timeout 400
 }
 
+bench_v11_shapes() {  # v11 at every issue shape, one bench run each (used by the steps below)
+  step bench-512-v11 flashcore bench v11 --shape 1,8,512,64
+  step bench-512-causal-v11 flashcore bench v11 --shape 1,8,512,64 --causal
+  for d in 64 128; do
+    step "bench-4096-d$d-v11" flashcore bench v11 --shape "2,16,4096,$d" --reps 100
+    step "bench-4096-d$d-causal-v11" flashcore bench v11 --shape "2,16,4096,$d" --causal --reps 100
+  done
+}
+
 v11retile() {  # v11 after its new tiles (D=128 long: 48 keys; D=64 short: 4 groups x 32 keys): tests, stress,
                # sanitizers on both changed paths, bench at every issue shape
   export FLASHCORE_RESULTS=$LOGS/results
@@ -152,12 +161,21 @@ v11retile() {  # v11 after its new tiles (D=128 long: 48 keys; D=64 short: 4 gro
       step "sanitize-v11-$tool-$shape" flashcore sanitize v11 --tool "$tool" --shape "$shape" --causal
     done
   done
-  step bench-512-v11 flashcore bench v11 --shape 1,8,512,64
-  step bench-512-causal-v11 flashcore bench v11 --shape 1,8,512,64 --causal
-  for d in 64 128; do
-    step "bench-4096-d$d-v11" flashcore bench v11 --shape "2,16,4096,$d" --reps 100
-    step "bench-4096-d$d-causal-v11" flashcore bench v11 --shape "2,16,4096,$d" --causal --reps 100
+  bench_v11_shapes
+}
+
+v11short() {  # v11 after Q_i from global memory in the short kernels (and a 3-stage ring at D=64): tests,
+              # stress, every sanitizer on the short regime at both head dims, bench at every issue shape
+  export FLASHCORE_RESULTS=$LOGS/results
+  step test-v11 flashcore test v11 --json "$LOGS/test-v11.json"
+  step stress-v11 python3 scripts/stress.py v11 --launches 2000 --timeout 400
+  for shape in 1,8,512,64 1,2,97,64 1,8,512,128 1,2,97,128; do  # B*H*ceil(S/128) < 132 SMs: short
+    for tool in memcheck racecheck synccheck; do
+      step "sanitize-v11-$tool-$shape" flashcore sanitize v11 --tool "$tool" --shape "$shape" --causal
+    done
   done
+  step sanitize-v11-memcheck-noncausal flashcore sanitize v11 --tool memcheck --shape 1,3,300,64
+  bench_v11_shapes
 }
 
 v11cluster() {  # v11 with its sm_90 cluster path built in (-D V11_CLUSTER=1), as a one-off registry entry
@@ -174,6 +192,7 @@ v11cluster() {  # v11 with its sm_90 cluster path built in (-D V11_CLUSTER=1), a
     done
   done
   step bench-512-v11c flashcore bench v11c --shape 1,8,512,64
+  step bench-512-causal-v11c flashcore bench v11c --shape 1,8,512,64 --causal
   unset FLASHCORE_REGISTRY
 }
 
