@@ -155,9 +155,28 @@
 // Per SM the math is also ~1 us at best: 1,024 HMMA.16816 (32 rows x 512 keys x 64 x 2 matmuls), 256 KB of
 // ldmatrix (each K, V byte read by the two 16-row warps: 128 B/clk) and 16K exp2 (MUFU, 16/clk). The
 // kernel's ~6 us is the first load (~1.2 us), the ring's refills and the 4 dependent tiles per warp that
-// these do not fully hide, and the merge (~0.5-1 us: fp32 partials through shared memory; measured in the
-// cluster kernel above at ~1 us per pass). Earlier ncu of the 8 x 16 version (--clock-control none): 8.38 us
-// of kernel, SM throughput 34.5%, tensor pipe 13.6%, DRAM 4.0%, L2 12.1%, achieved occupancy 23%.
+// these do not fully hide, and the merge (~0.5 us, below). Earlier ncu of the 8 x 16 version
+// (--clock-control none): 8.38 us of kernel, SM throughput 34.5%, tensor pipe 13.6%, DRAM 4.0%, L2 12.1%,
+// achieved occupancy 23%. ncu of this version: 1,735 warp instructions per warp (128 of them HMMA) at 6.15 cycles
+// each, 2.05 resident warps per scheduler and 0.45 eligible; stalls per issued instruction: fixed-latency
+// dependency (wait) 1.50, MUFU / shared memory (short scoreboard) 0.83, MIO queue 0.64. It is latency-bound:
+// each warp is one chain S -> max -> exp2 -> P V per tile and 2 warps per scheduler cannot cover it.
+// What each part costs, by ablation (a harness outside the product that removes one part and times the
+// rest like the bench, results wrong by design; medians of 300 calls, two runs):
+//   empty kernel (128 x 256 threads) 3.42-3.62; one 16-byte Q load and O store per thread 4.61-4.80 (the
+//   floor of any kernel here); v11 9.38-9.47; without S 8.64-8.80, without the softmax 8.80-8.96, without
+//   P V 9.18-9.28; without any math (loads, barriers, merge) 6.91-7.39; without loads (math on stale shared
+//   memory) 8.38; without the merge 8.86-8.99; without the Q_i load 9.02; neither loads nor math 5.82-5.98,
+//   and also without the merge and Q_i 4.42-4.51.
+// So the loads with no math at all already take 0.58-0.62x of SDPA's 11.8-12.1 us (its bench runs that
+// day): the 0.6x target needs the math (~2.4 us now) almost wholly hidden under the loads, or fewer bytes
+// per SM and a merge much cheaper than ~0.5 us. Tried and not kept, on the H200:
+//   - S of the next tile issued before this tile's softmax (the ring then refills a tile later): 10.6 us
+//     against 9.5 in one bench run; 10.6-10.7 in the harness with the softmax first instead;
+//   - Q_i through cp.async into the last ring stage instead of global loads: 9.4 against 9.5 (noise);
+//   - the cluster kernel as 4-rank clusters of 128-row x 128-key CTAs pushing their rows straight from
+//     registers (st.async, no in-CTA merge): 13.3 us; its first S was done 1.2 us after K_0 landed, one
+//     warp per scheduler.
 #include "flashcore.h"
 #include "mbarrier.cuh"
 #include "mma_sm80.cuh"
