@@ -185,8 +185,8 @@ def cmd_ptxas(registry_path, names, all_, arch_text, json_path, fail_on_spill) -
 
 
 def short_kernel(name: str) -> str:
-    """'void v8_fwd<64>(FlashcoreParams)' -> 'v8_fwd<64>'."""
-    return re.sub(r"^void |\(FlashcoreParams\)$", "", name)
+    """'void v8_fwd<64>(FlashcoreParams)' -> 'v8_fwd<64>' (also with more parameters after the params struct)."""
+    return re.sub(r"^void |\(FlashcoreParams(, [^()]*)?\)$", "", name)
 
 
 def _kb(n: int) -> str:

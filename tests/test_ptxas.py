@@ -33,6 +33,15 @@ def test_parse_captured_ptxas_output():
     assert (k128.registers, k128.static_smem, k128.spills) == (128, 0, 0)  # a device function's frame is not its
 
 
+def test_short_kernel_names_drop_the_parameter_list():
+    from flashcore_cli.commands import short_kernel
+
+    assert short_kernel("void v8_fwd<64>(FlashcoreParams)") == "v8_fwd<64>"
+    tma = "void v11_fwd_tma<64, 32, 64, 16, 3, 2, 1>(FlashcoreParams, CUtensorMap_st, CUtensorMap_st)"
+    assert short_kernel(tma) == "v11_fwd_tma<64, 32, 64, 16, 3, 2, 1>"
+    assert short_kernel("fault_fwd(int)") == "fault_fwd(int)"  # another signature is left as it is
+
+
 def test_occupancy_limits():
     k = KernelResources("m", "k", "sm_89", registers=80, static_smem=0, threads=384, dynamic_smem=49 * 1024)
     assert occupancy(k, ARCHS["sm_89"]) == (2, "registers")
