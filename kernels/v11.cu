@@ -27,6 +27,12 @@
 // in lockstep, so without it every ring stage would be another DRAM round trip; with it only the first is.
 // And their warps load Q_i straight from global memory into registers (Q_i never touches shared memory),
 // which leaves room at D=64 for a third 32 KB ring stage under the L4's 99 KB.
+// On sm_90 the short D=64 kernel is v11_fwd_tma: thread 0 loads each stage's K and V with two TMA tensor
+// copies (a 3-D map [B*H][S][64], 128-byte swizzle: exactly the chunk ^ (row & 7) layout) onto the stage's
+// mbarrier, and prefetches the later tiles to L2 with TMA too. Why: a timeline of the cp.async kernel
+// (per-warp %globaltimer stamps) showed each 32 KB refill costing the tile that issues it ~250 ns: 2,048
+// LDGSTS per stage go through the same MIO queue as the tile's ldmatrix loads, which wait behind them. With
+// the copies off the warps, wider tiles pay (2 key groups x 64 keys, 3 stages, 4 warps; measured below).
 // Under causal masking, tiles past a warp's last row are skipped, only tiles that cross the diagonal or the
 // sequence end build element masks, and the query tiles launch heaviest-first (grid x = batch * head,
 // y = query tile, reversed).
@@ -62,6 +68,7 @@
 //   LONG_D128                                          128     128     48     32      2     1      2        4  80 KB
 //   SHORT_D64   fewer CTAs than SMs: it would idle      64      32     32     16      3     4      1        8  96 KB
 //   SHORT_D128                                         128      32     16     16      2     4      1        8  69 KB
+//   SHORT_TMA_D64  short, D=64, sm_90 (v11_fwd_tma)     64      32     64     16      3     2      1        4  96 KB
 //   CLUSTER_D64  short, sm_90, S <= 8 * CHUNK_N         64      64     64     16      -     4      1       16  94 KB
 //   CLUSTER_D128                                       128      32     32     16      -     4      1        8  90 KB
 //   (cluster: CHUNK_N = 256 keys per CTA at D=64, 128 at D=128, all loaded at once; SPLIT groups take
@@ -90,7 +97,7 @@
 // only 30 clusters: two waves.) SPLIT 2 (8 warps) and 32-key tiles measured 12.5 and 13.4 us in the probe
 // harness against 12.9 for this default, before the fixes above.
 //
-// Tuning (-D V11_<SLOT>_<PARAM>=value; SLOT = LONG_D64, LONG_D128, SHORT_D64, SHORT_D128):
+// Tuning (-D V11_<SLOT>_<PARAM>=value; SLOT = LONG_D64, LONG_D128, SHORT_D64, SHORT_D128, SHORT_TMA_D64):
 //   BLOCK_M     query rows per CTA              a multiple of WARP_M
 //   BLOCK_N     keys per warp per tile          a multiple of 16 in 16..128
 //   WARP_M      query rows per warp             16 or 32
@@ -98,7 +105,9 @@
 //   SPLIT       key groups per CTA              >= 1 (1: no merge, no L2 prefetch)
 //   MIN_BLOCKS  __launch_bounds__ min CTAs/SM   >= 1 (caps registers at 64K / (threads * MIN_BLOCKS))
 //   and V11_SPLIT_BELOW_WAVES (default 1): SHORT when B*H*ceil(S/LONG BLOCK_M) < that many waves of SMs;
-//   V11_RESCALE_LOG2 (default 0.f; 8.f is FlashAttention-4's lazy rescale, see online_softmax).
+//   V11_RESCALE_LOG2 (default 0.f; 8.f is FlashAttention-4's lazy rescale, see online_softmax);
+//   V11_TMA (default 1; 0: the cp.async kernel on sm_90 too). SHORT_TMA_D64 also needs SPLIT > 1 (Q_i in
+//   registers, so the ring starts at offset 0) and SPLIT * BLOCK_N <= 256 (one TMA box); static_asserts.
 //   Cluster path (SLOT = CLUSTER_D64, CLUSTER_D128): BLOCK_M (query rows per CTA, a multiple of WARP_M),
 //   CHUNK_N (keys per CTA, a multiple of SPLIT * BLOCK_N, at most 8 tiles per warp), SPLIT (key groups per
 //   CTA, 1..15), BLOCK_N (16..128), WARP_M (16 or 32, WARP_M * D <= 2048), MIN_BLOCKS (__launch_bounds__);
@@ -122,10 +131,13 @@
 //   v11_fwd<64, 32, 32, 16, 3, 4, 1>               256      98,304 B        140 | 133
 //   v11_fwd<128, 128, 48, 32, 2, 1, 2>             128      81,920 B        255 | 254    (2 CTAs/SM)
 //   v11_fwd<128, 32, 16, 16, 2, 4, 1>              256      70,656 B        184 | 177
+//   v11_fwd_tma<64, 32, 64, 16, 3, 2, 1>           128      98,328 B        151 | 4      (sm_89: a trap stub)
 //   v11_cluster_fwd<64, 64, 256, 4, 64, 16, 1>     512      96,240 B        109 | 4      (sm_89: a trap stub)
 //   v11_cluster_fwd<128, 32, 128, 4, 32, 16, 1>    256      91,888 B        133 | 4
 // SASS (sm_90, cuobjdump): HMMA.16816.F32, LDSM.16.M88.4 / LDSM.16.MT88.4, LDGSTS.E.BYPASS.128, CCTL.E.PF2
-// (the L2 prefetch), LDG.E.CONSTANT (Q_i in the short kernels); no LDL / STL. Cluster kernel: UCGABAR_ARV /
+// (the L2 prefetch), LDG.E.CONSTANT (Q_i in the short kernels); no LDL / STL. TMA kernel: UTMALDG.3D (the
+// stage copies), UTMAPF.L2.3D (the prefetch), SYNCS.ARRIVE.TRANS64 / SYNCS.PHASECHK.TRANS64.TRYWAIT (the
+// stage mbarriers), FENCE.VIEW.ASYNC.S, and no LDGSTS. Cluster kernel: UCGABAR_ARV /
 // UCGABAR_WAIT (twice), UBLKCP.S.S (the bulk pushes), SYNCS.ARRIVE.TRANS / SYNCS.PHASECHK.TRANS (the
 // mbarrier), FENCE.VIEW.ASYNC.S, BAR.SYNC (the groups' named barriers), STG.E.128 (an inline st.global.v4:
 // nvcc splits a uint4 built from packed halves into four STG.E); no MEMBAR.ALL.GPU.
@@ -177,12 +189,32 @@
 //   - the cluster kernel as 4-rank clusters of 128-row x 128-key CTAs pushing their rows straight from
 //     registers (st.async, no in-CTA merge): 13.3 us; its first S was done 1.2 us after K_0 landed, one
 //     warp per scheduler.
+// The cp.async kernel's timeline (a harness outside the product: per-warp %globaltimer stamps held in
+// registers and written at exit, which inflates 9.4 to 10.4 us; medians over 1,024 warps x 20 runs, ns after
+// the first warp starts): the prologue's loads are issued by 1,120-1,180 (an SM takes no more LDGSTS until
+// data returns), tile 0 passes its barrier at 1,570, then S 480 ns (tile 2's refill is issued first),
+// softmax 320-350, P V 225; tile 1 (with tile 3's refill) 960 ns, tiles 2 and 3 (no refill) 700 each; merge
+// and store 550. L2 warm instead of flushed: the same within 0.1 us. So a 32-key tile costs ~700 ns, 1,400
+// cycles, for 2 warps per scheduler with 32 HMMA and 18 MUFU each; measured on this GPU (clock64 loops)
+// HMMA.16816.F32 issues every 6.2-7.0 cycles per scheduler (latency 25) and MUFU.EX2 every 8 (latency 18),
+// so the tile runs at about half its issue bound. Also tried this session, none faster at 1,8,512,64 (one
+// bench run each, v11 9.3-9.5 beside them): all four 128-key tiles in flight at once (5 stages, 160 KB) 9.2-9.5;
+// 2 tiles of 64 keys 9.4; 32-row warps (halving ldmatrix traffic) 9.8-10.8; 16 warps 10.2-11.3; per-stage
+// mbarriers instead of the per-tile __syncthreads (warps out of lockstep) 9.9-10.4; the refill issued after
+// S, the softmax or P V 9.5-9.6 (at D=128, where every tile refills, after S gave 14.4 against 15.1 us);
+// ex2.approx.f16x2 is two MUFU.EX2.F16 on sm_90, no saving. TMA took the refills off the warps: 9.1-9.2 with
+// the same tiles, 8.3-8.7 with wider ones that need 128-192 KB (more than the L4's 99 KB, not used), 9.0-9.2
+// with SHORT_TMA_D64's, which fit; and at 1,4,2048,64 (short regime, 16 tiles) 23.5 against 36.3 us.
+#include <cuda.h>  // CUtensorMap
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
 #include "flashcore.h"
 #include "mbarrier.cuh"
 #include "mma_sm80.cuh"
 #include "primitives.cuh"
 
 #include <cstdint>
+#include <type_traits>
 
 #ifndef V11_LONG_D64_BLOCK_M
 #define V11_LONG_D64_BLOCK_M 128
@@ -255,6 +287,27 @@
 #endif
 #ifndef V11_SHORT_D128_SPLIT
 #define V11_SHORT_D128_SPLIT 4
+#endif
+#ifndef V11_TMA
+#define V11_TMA 1  // sm_90: the short D=64 kernel loads K, V by TMA (0: cp.async everywhere)
+#endif
+#ifndef V11_SHORT_TMA_D64_BLOCK_M
+#define V11_SHORT_TMA_D64_BLOCK_M 32
+#endif
+#ifndef V11_SHORT_TMA_D64_BLOCK_N
+#define V11_SHORT_TMA_D64_BLOCK_N 64
+#endif
+#ifndef V11_SHORT_TMA_D64_WARP_M
+#define V11_SHORT_TMA_D64_WARP_M 16
+#endif
+#ifndef V11_SHORT_TMA_D64_STAGES
+#define V11_SHORT_TMA_D64_STAGES 3
+#endif
+#ifndef V11_SHORT_TMA_D64_MIN_BLOCKS
+#define V11_SHORT_TMA_D64_MIN_BLOCKS 1
+#endif
+#ifndef V11_SHORT_TMA_D64_SPLIT
+#define V11_SHORT_TMA_D64_SPLIT 2
 #endif
 #ifndef V11_RESCALE_LOG2
 #define V11_RESCALE_LOG2 0.f
@@ -375,6 +428,21 @@ using ShortD64 = V11Config<64, V11_SHORT_D64_BLOCK_M, V11_SHORT_D64_BLOCK_N, V11
                            V11_SHORT_D64_STAGES, V11_SHORT_D64_SPLIT, V11_SHORT_D64_MIN_BLOCKS>;
 using ShortD128 = V11Config<128, V11_SHORT_D128_BLOCK_M, V11_SHORT_D128_BLOCK_N, V11_SHORT_D128_WARP_M,
                             V11_SHORT_D128_STAGES, V11_SHORT_D128_SPLIT, V11_SHORT_D128_MIN_BLOCKS>;
+// sm_90's short D=64 kernel (v11_fwd_tma): K and V arrive by TMA, so a wider, shallower tiling pays off.
+using ShortTmaD64 = V11Config<64, V11_SHORT_TMA_D64_BLOCK_M, V11_SHORT_TMA_D64_BLOCK_N, V11_SHORT_TMA_D64_WARP_M,
+                              V11_SHORT_TMA_D64_STAGES, V11_SHORT_TMA_D64_SPLIT, V11_SHORT_TMA_D64_MIN_BLOCKS>;
+
+// Shared memory of a TMA kernel: the ring and merge bytes, then one mbarrier per stage.
+template <class Cfg>
+constexpr int tma_smem_bytes() {
+  return Cfg::kSmemBytes + 8 * Cfg::kStages;
+}
+// What the TMA path relies on: 128-byte rows (one box row is one swizzle row), Q_i in registers (the ring
+// starts at offset 0, every stage and its V half on 1024-byte boundaries), a box of at most 256 rows.
+static_assert(ShortTmaD64::kHeadDim == 64 && ShortTmaD64::kQFromGlobal && ShortTmaD64::kTileN <= 256 &&
+                  ShortTmaD64::kKvBytes % 1024 == 0,
+              "SHORT_TMA_D64: D = 64, SPLIT > 1 with Q_i in registers, SPLIT * BLOCK_N <= 256 keys");
+static_assert(tma_smem_bytes<ShortTmaD64>() <= kMaxSmemBytes, "SHORT_TMA_D64: at most 99 KB per block");
 
 // The cluster split-K configuration (sm_90, short sequences). The ceil(S / kChunkN) CTAs of one query tile
 // form a cluster along the keys: rank r takes keys [r, r + 1) * kChunkN, and inside the CTA kSplit groups
@@ -782,6 +850,43 @@ __device__ __forceinline__ void st_global_16(void* ptr, uint32_t x, uint32_t y, 
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
 }
 
+// Bulk copies and TMA (sm_90). They are declared for every target so that the kernel templates parse
+// everywhere; below sm_90 they trap, and the launcher only picks a kernel that uses them on an sm_90 build.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define V11_SM90_ONLY(statement) statement
+#else
+#define V11_SM90_ONLY(statement) __trap()
+#endif
+
+// Makes this thread's ordinary shared-memory writes visible to the bulk-copy engine (the async proxy).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  V11_SM90_ONLY(asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"));
+}
+
+// One thread's arrival on `bar` (initialised for one) that also makes its current phase wait for `bytes`
+// of bulk copies (cp.async.bulk, TMA) to land.
+__device__ __forceinline__ void mbarrier_arrive_expect_bytes(uint64_t* bar, uint32_t bytes) {
+  V11_SM90_ONLY(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(fc::smem_addr(bar)),
+                             "r"(bytes)
+                             : "memory"));
+}
+
+// TMA: the box at coordinates (c0, c1, c2) of a 3-D tensor map into this CTA's shared memory at dst, laid
+// out (and swizzled) as the map says, counted down on bar. Elements past the tensor's bounds land as zeros.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+  V11_SM90_ONLY(asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(fc::smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(fc::smem_addr(bar))
+      : "memory"));
+}
+
+// The same box into L2 only; nothing waits for it.
+__device__ __forceinline__ void tma_prefetch_3d(const CUtensorMap* map, int c0, int c1, int c2) {
+  V11_SM90_ONLY(asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global [%0, {%1, %2, %3}];\n" ::"l"(map), "r"(c0),
+                             "r"(c1), "r"(c2)
+                             : "memory"));
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): this CTA's rank, the cluster's size, a cluster-wide barrier whose arrive
 // releases and whose wait acquires this CTA's shared-memory writes, and loads from a peer's shared memory.
@@ -818,18 +923,12 @@ __device__ __forceinline__ uint32_t map_to_rank(uint32_t smem_address, uint32_t 
   return r;
 }
 
-// Makes this thread's ordinary shared-memory writes visible to the bulk-copy engine (the async proxy).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
 // One thread: an mbarrier that completes once `bytes` of bulk copies have landed in this CTA, made visible
 // to the cluster (peers' copies count down on it).
 __device__ __forceinline__ void mbarrier_init_expect_bytes(uint64_t* bar, uint32_t bytes) {
   fc::mbarrier_init(bar, 1);
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(fc::smem_addr(bar)), "r"(bytes)
-               : "memory");
+  mbarrier_arrive_expect_bytes(bar, bytes);
 }
 
 // `bytes` (a multiple of 16) from this CTA's shared memory at src into a peer's at dst, as one bulk copy
@@ -849,11 +948,16 @@ __device__ __forceinline__ void push_bulk(uint32_t dst, uint32_t src, uint32_t b
 // So query tile first only for D=64 non-causal. Causal keeps x = batch * heads, y = query tile reversed:
 // a wave holds the same heavy tile of many heads and the last wave is made of light tiles.
 __host__ __device__ constexpr bool query_tile_fastest(bool causal, int head_dim) { return !causal && head_dim == 64; }
-template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
-__global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
-                                  kMinBlocks) v11_fwd(FlashcoreParams p) {
+// The in-CTA kernels' body. kTma (v11_fwd_tma, sm_90): K and V arrive by TMA through the tensor maps,
+// issued by thread 0 and counted on one mbarrier per stage, instead of 16-byte cp.async from every thread.
+template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks, bool kTma>
+__device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap* tmap_k, const CUtensorMap* tmap_v) {
   using Cfg = V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  // 1024-byte aligned: TMA's 128-byte swizzle is a function of address bits 7-9, so a stage must start on a
+  // 1024-byte boundary to get the layout the ldmatrix addressing assumes. (The cp.async kernels' SASS is the
+  // same as with 128.)
+  extern __shared__ __align__(1024) unsigned char smem[];
+  uint64_t* stage_full = reinterpret_cast<uint64_t*>(smem + Cfg::kSmemBytes);  // [kStages], kTma only
 
   const int tid = threadIdx.x;
   const int lane = tid % fc::kWarpSize;
@@ -879,8 +983,19 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
   // Keys at or past kv_end are invisible to every row of the CTA: never loaded (zero-filled) nor visited.
   const int kv_end = p.causal ? min(seq_len, m0 + kBlockM) : seq_len;
   const int n_tiles = fc::ceil_div(kv_end, Cfg::kTileN);
+  const int head = tile_fastest ? blockIdx.y : blockIdx.x;  // b * H + h: the tensor maps' third coordinate
   auto load_tile = [&](int tile, int stage) {
     unsigned char* k_s = k_stage(stage);
+    if constexpr (kTma) {
+      // One thread; rows past kv_end but before seq_len arrive too (the masks hide them), rows past seq_len
+      // arrive as zeros.
+      if (tid == 0) {
+        mbarrier_arrive_expect_bytes(&stage_full[stage], Cfg::kStageBytes);
+        tma_load_3d(k_s, tmap_k, 0, tile * Cfg::kTileN, head, &stage_full[stage]);
+        tma_load_3d(k_s + Cfg::kKvBytes, tmap_v, 0, tile * Cfg::kTileN, head, &stage_full[stage]);
+      }
+      return;
+    }
     copy_rows_async<Cfg, Cfg::kTileN>(k_s, k, tile * Cfg::kTileN, kv_end, tid);
     copy_rows_async<Cfg, Cfg::kTileN>(k_s + Cfg::kKvBytes, v, tile * Cfg::kTileN, kv_end, tid);
   };
@@ -891,12 +1006,29 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
 
   // Prologue: Q_i and the first kStages - 1 tiles in flight at once (Q_i rides in tile 0's group).
   if constexpr (!Cfg::kQFromGlobal) copy_rows_async<Cfg, kBlockM>(q_s, q, m0, seq_len, tid);
+  if constexpr (kTma) {
+    if (tid == 0) {
+      if (fc::smem_addr(smem) & 1023u) __trap();  // never seen; a wrong layout would be silent
+#pragma unroll
+      for (int st = 0; st < kStages; ++st) fc::mbarrier_init(&stage_full[st], 1);
+      fence_proxy_async_shared();  // the TMA unit must see the barriers initialised
+    }
+    __syncthreads();
+  }
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < n_tiles) load_tile(st, st);
     fc::cp_async_commit();
   }
-  if constexpr (kSplit > 1) {
+  if constexpr (kTma) {
+    // The same L2 prefetch as below, a tile at a time: CTA i of the head takes tiles i, i + tiles, ...
+    if (tid == 0) {
+      for (int tile = kStages - 1 + tile_index; tile < n_tiles; tile += tiles) {
+        tma_prefetch_3d(tmap_k, 0, tile * Cfg::kTileN, head);
+        tma_prefetch_3d(tmap_v, 0, tile * Cfg::kTileN, head);
+      }
+    }
+  } else if constexpr (kSplit > 1) {
     // Short sequences: the CTAs of a head split the rest of its K and V into slices and prefetch them to
     // L2 now, so later stages hit L2 instead of each paying a DRAM round trip in lockstep.
     const long long first = static_cast<long long>(min(seq_len, (kStages - 1) * Cfg::kTileN)) * Cfg::kRowBytes / 32;
@@ -928,8 +1060,14 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
   int compute_stage = 0;
   int load_stage = kStages - 1;
   for (int t = 0; t < n_tiles; ++t) {
-    fc::cp_async_wait<kStages - 2>();  // this thread's copies of tile t have landed
-    __syncthreads();                   // everyone's have, and every warp is done with tile t - 1's stage
+    if constexpr (kTma) {
+      fc::mbarrier_wait_parity(&stage_full[compute_stage], (t / kStages) & 1);  // tile t has landed
+      __syncthreads();  // every warp is done with tile t - 1's stage
+      if (tid == 0) fence_proxy_async_shared();  // its reads come before the TMA's writes into it
+    } else {
+      fc::cp_async_wait<kStages - 2>();  // this thread's copies of tile t have landed
+      __syncthreads();                   // everyone's have, and every warp is done with tile t - 1's stage
+    }
     if (t + kStages - 1 < n_tiles) load_tile(t + kStages - 1, load_stage);
     fc::cp_async_commit();  // an empty group at the tail keeps the wait count uniform
     load_stage = load_stage + 1 == kStages ? 0 : load_stage + 1;
@@ -1020,6 +1158,26 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
   }
 }
 
+template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
+__global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
+                                  kMinBlocks) v11_fwd(FlashcoreParams p) {
+  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, false>(p, nullptr, nullptr);
+}
+
+// sm_90's short D=64 kernel: the tensor maps are kernel parameters (__grid_constant__: TMA reads them
+// where they are). Built for an older GPU its body traps; the launcher never picks it there.
+template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
+__global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
+                                  kMinBlocks)
+    v11_fwd_tma(FlashcoreParams p, const __grid_constant__ CUtensorMap tmap_k,
+                const __grid_constant__ CUtensorMap tmap_v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, true>(p, &tmap_k, &tmap_v);
+#else
+  __trap();
+#endif
+}
+
 // Cluster split-K (sm_90, short sequences). Grid: x = key chunk (the cluster axis: gridDim.x = cluster size
 // = ceil(S / kChunkN), so rank = blockIdx.x), y = query tile, z = batch * heads. Each group of warps loads
 // its kGroupN keys' K and V at once and runs FA2 over them with Q_i in registers; the groups merge inside
@@ -1033,7 +1191,7 @@ __global__ void __launch_bounds__(
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Cfg = V11ClusterConfig<kHeadDim, kBlockM, kChunkN, kSplit, kBlockN, kWarpM, kMinBlocks>;
   using GroupCopy = CopyShape<kHeadDim, Cfg::kGroupThreads>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem[];  // the alignment every kernel here declares
 
   const int tid = threadIdx.x;
   const int lane = tid % fc::kWarpSize;
@@ -1204,15 +1362,21 @@ static Regime pick_regime(int batch_heads, int seq_len, int long_block_m, int nu
 template <class Cfg>
 struct KernelName {
   char text[64];
-  KernelName() {
-    snprintf(text, sizeof(text), "v11_fwd<%d, %d, %d, %d, %d, %d, %d>", Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN,
+  explicit KernelName(const char* kernel) {
+    snprintf(text, sizeof(text), "%s<%d, %d, %d, %d, %d, %d, %d>", kernel, Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN,
              Cfg::kWarpM, Cfg::kStages, Cfg::kSplit, Cfg::kMinBlocks);
   }
 };
 
 template <class Cfg>
 static const char* kernel_name() {
-  static const KernelName<Cfg> name;
+  static const KernelName<Cfg> name("v11_fwd");
+  return name.text;
+}
+
+template <class Cfg>
+static const char* tma_kernel_name() {
+  static const KernelName<Cfg> name("v11_fwd_tma");
   return name.text;
 }
 
@@ -1238,16 +1402,123 @@ static constexpr auto kernel_of() {
 }
 
 template <class Cfg>
+static constexpr auto tma_kernel_of() {
+  return v11_fwd_tma<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit,
+                     Cfg::kMinBlocks>;
+}
+
+// Raising a kernel's shared-memory limit is a driver call of about a microsecond: at 1,8,512,64 that would be
+// a visible part of the whole run, so it is done once per process and kernel, as PyTorch does.
+template <auto kKernel, int kBytes>
+static const char* allow_smem_once() {
+  static const bool ready = fc::allow_dynamic_smem(kKernel, kBytes) == nullptr;
+  return ready ? nullptr : fc::allow_dynamic_smem(kKernel, kBytes);
+}
+
+// The in-CTA kernels' grid: query tiles by batch * heads, the order query_tile_fastest picks.
+template <class Cfg>
+static const char* query_grid(const FlashcoreParams& p, dim3* grid) {
+  const unsigned tiles = fc::ceil_div(p.seq_len, Cfg::kBlockM), heads = p.batch * p.heads;
+  *grid = query_tile_fastest(p.causal, Cfg::kHeadDim) ? dim3(tiles, heads) : dim3(heads, tiles);
+  if (grid->y > 65535) return fc::message("v11: grid y of %u exceeds the limit (65535)", grid->y);
+  return nullptr;
+}
+
+template <class Cfg>
 static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
   constexpr auto kernel = kernel_of<Cfg>();
-  // Raising the shared-memory limit is a driver call of about a microsecond: at 1,8,512,64 that would be a
-  // visible part of the whole run, so it is done once per process (and per kernel), as PyTorch does.
-  static const bool smem_ready = fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes) == nullptr;
-  if (!smem_ready) return fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes);
-  const unsigned tiles = fc::ceil_div(p.seq_len, Cfg::kBlockM), heads = p.batch * p.heads;
-  const dim3 grid = query_tile_fastest(p.causal, Cfg::kHeadDim) ? dim3(tiles, heads) : dim3(heads, tiles);
-  if (grid.y > 65535) return fc::message("v11: grid y of %u exceeds the limit (65535)", grid.y);
+  if (const char* err = allow_smem_once<kernel, Cfg::kSmemBytes>()) return err;
+  dim3 grid;
+  if (const char* err = query_grid<Cfg>(p, &grid)) return err;
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  return fc::launch_status();
+}
+
+// cuTensorMapEncodeTiled from the driver, found through the runtime (no link against libcuda); null when the
+// driver has none.
+static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// A [B * H][S][D] fp16 tensor as a 3-D map whose boxes are `rows` x D (D = 64: one 128-byte row per box
+// row), swizzled 128 bytes (the chunk ^ (row & 7) layout the kernel reads), zeros past S. False when the
+// driver refuses it (a misaligned base, say); the caller then takes the cp.async kernel.
+static bool encode_rows_map(CUtensorMap* map, const void* base, const FlashcoreParams& p, int rows) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.seq_len),
+                              static_cast<cuuint64_t>(p.batch) * p.heads};
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(p.head_dim) * sizeof(__half);
+  const cuuint64_t strides[2] = {row_bytes, row_bytes * p.seq_len};  // bytes, dims 1 and 2
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(p.head_dim), static_cast<cuuint32_t>(rows), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, const_cast<void*>(base), dims, strides, box,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Whether `kernel` can run here: an sm_90 device and an sm_90 build of it (an older build's body traps).
+template <class Kernel>
+static bool runs_sm90_image(Kernel kernel) {
+  int device = 0, major = 0;
+  cudaFuncAttributes attributes{};
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9 ||
+      cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
+    cudaGetLastError();  // a missing sm_90 image is an answer here, not a sticky error for the next launch
+    return false;
+  }
+  return attributes.binaryVersion >= 90;
+}
+
+// The TMA kernel also needs the driver's encoder: asked once per process.
+template <class Cfg>
+static bool tma_ready() {
+  static const bool ready = runs_sm90_image(tma_kernel_of<Cfg>()) && tensor_map_encoder() != nullptr;
+  return ready;
+}
+
+// The TMA kernel's launch. *launched stays false when the maps could not be made (no error then: the caller
+// takes the cp.async kernel).
+template <class Cfg>
+static const char* launch_tma(const FlashcoreParams& p, cudaStream_t stream, bool* launched) {
+  *launched = false;
+  constexpr auto kernel = tma_kernel_of<Cfg>();
+  constexpr int smem = tma_smem_bytes<Cfg>();
+  if (const char* err = allow_smem_once<kernel, smem>()) return err;
+  dim3 grid;
+  if (const char* err = query_grid<Cfg>(p, &grid)) return err;
+  // The maps are made on the host for each new pair of tensors; a loop over the same ones reuses them.
+  static thread_local struct {
+    const void* k = nullptr;
+    const void* v = nullptr;
+    int batch = 0, heads = 0, seq_len = 0;
+    CUtensorMap map_k, map_v;
+  } last;
+  if (last.k != p.k || last.v != p.v || last.batch != p.batch || last.heads != p.heads || last.seq_len != p.seq_len) {
+    last.k = nullptr;  // no valid pair until both maps are made
+    if (!encode_rows_map(&last.map_k, p.k, p, Cfg::kTileN) || !encode_rows_map(&last.map_v, p.v, p, Cfg::kTileN)) {
+      return nullptr;
+    }
+    last.k = p.k;
+    last.v = p.v;
+    last.batch = p.batch;
+    last.heads = p.heads;
+    last.seq_len = p.seq_len;
+  }
+  *launched = true;
+  kernel<<<grid, Cfg::kThreads, smem, stream>>>(p, last.map_k, last.map_v);
   return fc::launch_status();
 }
 
@@ -1274,25 +1545,14 @@ static constexpr auto cluster_kernel_of() {
 // asked once per process and kernel, like sm_count().
 template <class Cfg>
 static bool cluster_ready() {
-  static const bool ready = [] {
-    int device = 0, major = 0;
-    cudaFuncAttributes attributes{};
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major < 9 ||
-        cudaFuncGetAttributes(&attributes, cluster_kernel_of<Cfg>()) != cudaSuccess) {
-      cudaGetLastError();  // a missing sm_90 image is an answer here, not a sticky error for the next launch
-      return false;
-    }
-    return attributes.binaryVersion >= 90;
-  }();
+  static const bool ready = runs_sm90_image(cluster_kernel_of<Cfg>());
   return ready;
 }
 
 template <class Cfg>
 static const char* launch_cluster(const FlashcoreParams& p, cudaStream_t stream) {
   constexpr auto kernel = cluster_kernel_of<Cfg>();
-  static const bool smem_ready = fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes) == nullptr;
-  if (!smem_ready) return fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes);
+  if (const char* err = allow_smem_once<kernel, Cfg::kSmemBytes>()) return err;
   const unsigned ranks = fc::ceil_div(p.seq_len, Cfg::kChunkN);  // <= kMaxCluster: the caller checked
   const dim3 grid(ranks, fc::ceil_div(p.seq_len, Cfg::kBlockM), p.batch * p.heads);
   if (grid.y > 65535 || grid.z > 65535) return fc::message("v11: cluster grid (%u, %u, %u) too large", grid.x, grid.y, grid.z);
@@ -1317,9 +1577,10 @@ static const char* launch_cluster(const FlashcoreParams& p, cudaStream_t stream)
 }
 #endif
 
-// Short sequences on sm_90 take the cluster path when the sequence fits one cluster of kMaxCluster chunks;
-// the in-CTA split path remains for older GPUs, longer sequences and -D V11_CLUSTER=0.
-template <class Long, class Short, class Cluster>
+// Short sequences on sm_90 take the cluster path when the sequence fits one cluster of kMaxCluster chunks
+// (-D V11_CLUSTER=1), else at D=64 the TMA kernel (ShortTma; void at D=128); the in-CTA cp.async kernel
+// remains for older GPUs, D=128 and -D V11_TMA=0.
+template <class Long, class Short, class ShortTma, class Cluster>
 static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
   if (pick_regime(p.batch * p.heads, p.seq_len, Long::kBlockM, sm_count()) == Regime::kShort) {
 #if V11_CLUSTER
@@ -1327,6 +1588,13 @@ static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
       return launch_cluster<Cluster>(p, stream);
     }
 #endif
+    if constexpr (V11_TMA && !std::is_void_v<ShortTma>) {
+      if (tma_ready<ShortTma>()) {
+        bool launched = false;
+        const char* err = launch_tma<ShortTma>(p, stream, &launched);
+        if (launched || err != nullptr) return err;
+      }
+    }
     return launch<Short>(p, stream);
   }
   return launch<Long>(p, stream);
@@ -1338,16 +1606,24 @@ static FlashcoreKernelPlan plan_of() {
 }
 
 template <class Cfg>
+static FlashcoreKernelPlan tma_plan_of() {
+  return {tma_kernel_name<Cfg>(), Cfg::kThreads, tma_smem_bytes<Cfg>()};
+}
+
+template <class Cfg>
 static FlashcoreKernelPlan cluster_plan_of() {
   return {cluster_kernel_name<Cfg>(), Cfg::kThreads, Cfg::kSmemBytes};
 }
 
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
-  FlashcoreKernelPlan all[3];
+  FlashcoreKernelPlan all[4];
   int count = 0;
   if (head_dim == 64) {
     all[count++] = plan_of<LongD64>();
     all[count++] = plan_of<ShortD64>();
+#if V11_TMA
+    all[count++] = tma_plan_of<ShortTmaD64>();
+#endif
 #if V11_CLUSTER
     all[count++] = cluster_plan_of<ClusterD64>();
 #endif
@@ -1370,8 +1646,8 @@ const char* flashcore_forward(const FlashcoreParams& p, cudaStream_t stream) {
   if (!(p.scale > 0.f)) return fc::message("v11 needs a softmax scale > 0 (got %g)", p.scale);
   if (p.seq_len < 1 || p.batch < 1 || p.heads < 1) return nullptr;
   switch (p.head_dim) {
-    case 64: return forward<LongD64, ShortD64, ClusterD64>(p, stream);
-    case 128: return forward<LongD128, ShortD128, ClusterD128>(p, stream);
+    case 64: return forward<LongD64, ShortD64, ShortTmaD64, ClusterD64>(p, stream);
+    case 128: return forward<LongD128, ShortD128, void, ClusterD128>(p, stream);
     default: return fc::unsupported_head_dim(p.head_dim);
   }
 }

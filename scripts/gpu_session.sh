@@ -196,6 +196,30 @@ v11cluster() {  # v11 with its sm_90 cluster path built in (-D V11_CLUSTER=1), a
   unset FLASHCORE_REGISTRY
 }
 
+v11tma() {  # v11 after the sm_90 TMA kernel for short D=64: tests, stress, sanitizers on its shapes, and
+  # bench runs beside the same build with -D V11_TMA=0 (the cp.async kernel it replaces there)
+  export FLASHCORE_RESULTS=$LOGS/results
+  mkdir -p out
+  printf '%s\n' 'variants:' '  - name: v11' '    sources: [../kernels/v11.cu]' '    summary: "v11 as registered"' \
+    '    head_dims: [64, 128]' '    causal: true' '  - name: v11cp' '    sources: [../kernels/v11.cu]' \
+    '    defines: {V11_TMA: 0}' '    summary: "v11 with the TMA kernel off"' '    head_dims: [64, 128]' \
+    '    causal: true' >out/v11tma.yaml
+  local r="--registry out/v11tma.yaml"
+  step build-v11 flashcore $r build v11 v11cp
+  step ptxas-v11 flashcore ptxas v11
+  step test-v11 flashcore test v11 --json "$LOGS/test-v11.json"
+  step stress-v11 python3 scripts/stress.py v11 --launches 2000 --timeout 400
+  for tool in memcheck racecheck synccheck; do
+    step "sanitize-v11-$tool-512c" flashcore sanitize v11 --tool "$tool" --shape 1,8,512,64 --causal
+  done
+  step sanitize-v11-memcheck-1000 flashcore sanitize v11 --tool memcheck --shape 1,4,1000,64
+  step sanitize-v11-memcheck-97c flashcore sanitize v11 --tool memcheck --shape 1,2,97,64 --causal
+  step bench-512-tma flashcore $r bench v11 v11cp --shape 1,8,512,64
+  step bench-512-causal-tma flashcore $r bench v11 v11cp --shape 1,8,512,64 --causal
+  step bench-300-causal-tma flashcore $r bench v11 v11cp --shape 1,8,300,64 --causal
+  step bench-2048-tma flashcore $r bench v11 v11cp --shape 1,4,2048,64
+}
+
 gputests() {  # the gpu-marked pytest suite
   step pytest-gpu python3 -m pytest -q -m gpu -x
 }
