@@ -144,14 +144,14 @@
 // Measured on the lent GPU (an NVIDIA H200; `flashcore bench v11 --shape ...`, one run per shape beside SDPA's
 // backends and Triton, L2 flushed before each call, median of 200 / 100 calls):
 //   shape              v11                      SDPA default   SDPA flash (FA2)   target              met
-//   1,8,512,64         9.6 us                   11.9 us        15.8 us            <= 0.6x SDPA's time  no: 0.81x
-//   1,8,512,64 causal  9.3 us                   12.2 us        15.7 us
-//   2,16,4096,64       440.0 us, 312.4 TFLOP/s  457.5          291.8              >= FA2               yes: 1.07x
-//     causal           237.5 us, 289.3 TFLOP/s  366.1          231.1              >= FA2               yes: 1.25x
-//   2,16,4096,128      779.1 us, 352.8 TFLOP/s  635.4          339.9              >= FA2               yes: 1.04x
-//     causal           413.3 us, 332.5 TFLOP/s  509.9          269.9              >= FA2               yes: 1.23x
-// (The long kernels are unchanged since the runs before, which gave 1.03x-1.06x at D=128 non-causal in
-// four runs. 1,8,512,64 in another run that day: 9.5 vs 11.8 us.)
+//   1,8,512,64         9.0 us (TMA kernel)      11.8 us        15.3 us            <= 0.6x SDPA's time  no: 0.76x
+//   1,8,512,64 causal  9.1 us                   12.1 us        15.5 us
+//   2,16,4096,64       443.7 us, 309.7 TFLOP/s  456.6          293.1              >= FA2               yes: 1.06x
+//     causal           235.6 us, 291.7 TFLOP/s  366.2          230.3              >= FA2               yes: 1.27x
+//   2,16,4096,128      785.8 us, 349.8 TFLOP/s  646.7          341.0              >= FA2               yes: 1.03x
+//     causal           410.2 us, 335.1 TFLOP/s  511.4          269.1              >= FA2               yes: 1.25x
+// (The long kernels' SASS has not changed since the runs before, which gave 1.03x-1.06x at D=128 non-causal
+// in five runs. The cp.async short kernel's last figures: 9.4-9.6 us at 1,8,512,64, 0.79x-0.81x.)
 // Where the mission-shape time goes. An empty kernel measures 3.46-3.55 us in this timing, so the 0.6x target
 // (7.0-7.2 us) leaves ~3.5 us for the kernel itself; v11 takes ~6. A load-only model of the short kernel
 // (outside the product: 128 CTAs, 16 per head, each walking its head's 128 KB of K, V in 32 KB stages, no
