@@ -153,9 +153,9 @@
 // (The long kernels' SASS has not changed since the runs before, which gave 1.03x-1.06x at D=128 non-causal
 // in five runs. The cp.async short kernel's last figures: 9.4-9.6 us at 1,8,512,64, 0.79x-0.81x.)
 // Where the mission-shape time goes. An empty kernel measures 3.46-3.55 us in this timing, so the 0.6x target
-// (7.0-7.2 us) leaves ~3.5 us for the kernel itself; v11 takes ~6. A load-only model of the short kernel
-// (outside the product: 128 CTAs, 16 per head, each walking its head's 128 KB of K, V in 32 KB stages, no
-// math; event-timed as the bench; ns after the first CTA starts):
+// (7.0-7.2 us) leaves ~3.5 us for the kernel itself; the cp.async kernel takes ~6. A load-only model of the
+// short kernel (outside the product: 128 CTAs, 16 per head, each walking its head's 128 KB of K, V in 32 KB
+// stages, no math; event-timed as the bench; ns after the first CTA starts):
 //   - the first stage lands after 1.09-1.25 us from DRAM (0.70-0.80 us when L2 is warm);
 //   - the ring as it was (2 stages + L2 prefetch) lands its 4 stages at 1.25 / 1.82 / 2.37 / 2.91 us: 7.58 us
 //     event time; 3 stages 6.82, all 4 at once (128 KB, more than the L4 allows) 6.85; without the L2
