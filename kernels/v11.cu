@@ -33,6 +33,10 @@
 // (per-warp %globaltimer stamps) showed each 32 KB refill costing the tile that issues it ~250 ns: 2,048
 // LDGSTS per stage go through the same MIO queue as the tile's ldmatrix loads, which wait behind them. With
 // the copies off the warps, wider tiles pay (2 key groups x 64 keys, 3 stages, 4 warps; measured below).
+// Its loop is software-pipelined: S of tile t + 1 is computed in the same basic block as tile t's softmax and
+// P V, so the scheduler interleaves the HMMAs of one with the MUFU and shuffles of the other (each warp is
+// alone on its scheduler, so nothing else hides their latency); all three stages load up front, and a stage
+// is refilled only after the barrier that shows every warp is past it (one barrier at S = 512, not four).
 // Under causal masking, tiles past a warp's last row are skipped, only tiles that cross the diagonal or the
 // sequence end build element masks, and the query tiles launch heaviest-first (grid x = batch * head,
 // y = query tile, reversed).
@@ -131,7 +135,7 @@
 //   v11_fwd<64, 32, 32, 16, 3, 4, 1>               256      98,304 B        140 | 133
 //   v11_fwd<128, 128, 48, 32, 2, 1, 2>             128      81,920 B        255 | 254    (2 CTAs/SM)
 //   v11_fwd<128, 32, 16, 16, 2, 4, 1>              256      70,656 B        184 | 177
-//   v11_fwd_tma<64, 32, 64, 16, 3, 2, 1>           128      98,328 B        151 | 4      (sm_89: a trap stub)
+//   v11_fwd_tma<64, 32, 64, 16, 3, 2, 1>           128      98,328 B        182 | 4      (sm_89: a trap stub)
 //   v11_cluster_fwd<64, 64, 256, 4, 64, 16, 1>     512      96,240 B        109 | 4      (sm_89: a trap stub)
 //   v11_cluster_fwd<128, 32, 128, 4, 32, 16, 1>    256      91,888 B        133 | 4
 // SASS (sm_90, cuobjdump): HMMA.16816.F32, LDSM.16.M88.4 / LDSM.16.MT88.4, LDGSTS.E.BYPASS.128, CCTL.E.PF2
@@ -144,14 +148,15 @@
 // Measured on the lent GPU (an NVIDIA H200; `flashcore bench v11 --shape ...`, one run per shape beside SDPA's
 // backends and Triton, L2 flushed before each call, median of 200 / 100 calls):
 //   shape              v11                      SDPA default   SDPA flash (FA2)   target              met
-//   1,8,512,64         9.0 us (TMA kernel)      11.8 us        15.3 us            <= 0.6x SDPA's time  no: 0.76x
-//   1,8,512,64 causal  9.1 us                   12.1 us        15.5 us
-//   2,16,4096,64       443.7 us, 309.7 TFLOP/s  456.6          293.1              >= FA2               yes: 1.06x
-//     causal           235.6 us, 291.7 TFLOP/s  366.2          230.3              >= FA2               yes: 1.27x
-//   2,16,4096,128      785.8 us, 349.8 TFLOP/s  646.7          341.0              >= FA2               yes: 1.03x
-//     causal           410.2 us, 335.1 TFLOP/s  511.4          269.1              >= FA2               yes: 1.25x
-// (The long kernels' SASS has not changed since the runs before, which gave 1.03x-1.06x at D=128 non-causal
-// in five runs. The cp.async short kernel's last figures: 9.4-9.6 us at 1,8,512,64, 0.79x-0.81x.)
+//   1,8,512,64         9.3 us (TMA kernel)      12.0 us        15.6 us            <= 0.6x SDPA's time  no: 0.78x
+//   1,8,512,64 causal  8.8 us                   12.2 us        16.0 us
+//   2,16,4096,64       444.3 us, 309.3 TFLOP/s  458.4          294.5              >= FA2               yes: 1.05x
+//     causal           236.5 us, 290.6 TFLOP/s  366.1          229.7              >= FA2               yes: 1.27x
+//   2,16,4096,128      778.9 us, 352.9 TFLOP/s  645.5          332.7              >= FA2               yes: 1.06x
+//     causal           413.3 us, 332.5 TFLOP/s  510.6          270.4              >= FA2               yes: 1.23x
+// (The same session's four other runs at 1,8,512,64 gave 8.8-8.9 us against SDPA's 11.8-12.0: 0.73x-0.75x;
+// causal 8.9-9.1 against 12.0-12.1. The long kernels' SASS has not changed since the runs before, which gave
+// 1.03x-1.06x at D=128 non-causal in six runs. The cp.async short kernel: 9.4 us, 0.79x, same session.)
 // Where the mission-shape time goes. An empty kernel measures 3.46-3.55 us in this timing, so the 0.6x target
 // (7.0-7.2 us) leaves ~3.5 us for the kernel itself; the cp.async kernel takes ~6. A load-only model of the
 // short kernel (outside the product: 128 CTAs, 16 per head, each walking its head's 128 KB of K, V in 32 KB
@@ -205,6 +210,19 @@
 // ex2.approx.f16x2 is two MUFU.EX2.F16 on sm_90, no saving. TMA took the refills off the warps: 9.1-9.2 with
 // the same tiles, 8.3-8.7 with wider ones that need 128-192 KB (more than the L4's 99 KB, not used), 9.0-9.2
 // with SHORT_TMA_D64's, which fit; and at 1,4,2048,64 (short regime, 16 tiles) 23.5 against 36.3 us.
+// The TMA kernel's timeline before its loop was pipelined (the same stamps; 9.0 us -> 10.4 in the harness;
+// medians over 512 warps x 20 runs, ns): prologue issued 450, tile 0 landed 1,540 (990 with L2 warm, and the
+// event time moved with it, 10.37 -> 9.79: here the first tile's DRAM trip is on the path), then per 64-key
+// tile S 290, softmax 350, P V 260 (tile 0: 930; tiles 1-3: 830-860 each, ~100 between them), merge and
+// store 480. ncu of that kernel: 2,011 instructions per warp at 6.4 cycles each; stalls per issued
+// instruction: fixed-latency dependency (wait) 2.00, short scoreboard 0.91, long scoreboard 0.81 (the
+// first tile, Q_i), no instruction 0.35, branch 0.24, barrier 0.21. One warp per scheduler, so every
+// dependency shows. Pipelining S (predicted -0.5 us) measured 8.8-8.9 against 9.0-9.2 for the loop before
+// (four bench runs side by side); at 1,4,2048,64 23.3 against 23.7. Tried beside it and not kept (one or two
+// bench runs each, the old loop at 9.0-9.1): the prologue's TMA issued before the CTA barrier plus
+// prefetch.tensormap 9.0; no per-tile barrier where no refill follows 8.8-9.0 (22.8 at 2,048: folded into
+// the pipelined loop); with the pipelined loop, 8 warps (4 groups x 32 keys) 9.1-9.2, 32-row warps 9.4-9.5,
+// 96-key tiles in 2 stages 9.5-9.6.
 #include <cuda.h>  // CUtensorMap
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
@@ -949,7 +967,10 @@ __device__ __forceinline__ void push_bulk(uint32_t dst, uint32_t src, uint32_t b
 // a wave holds the same heavy tile of many heads and the last wave is made of light tiles.
 __host__ __device__ constexpr bool query_tile_fastest(bool causal, int head_dim) { return !causal && head_dim == 64; }
 // The in-CTA kernels' body. kTma (v11_fwd_tma, sm_90): K and V arrive by TMA through the tensor maps,
-// issued by thread 0 and counted on one mbarrier per stage, instead of 16-byte cp.async from every thread.
+// issued by thread 0 and counted on one mbarrier per stage, instead of 16-byte cp.async from every thread;
+// all kStages stages are loaded up front, and the loop computes S of tile t + 1 in the same basic block as
+// tile t's softmax and P V, so the scheduler can interleave the two (one warp per scheduler has little else
+// to hide latency with).
 template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks, bool kTma>
 __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap* tmap_k, const CUtensorMap* tmap_v) {
   using Cfg = V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>;
@@ -1004,7 +1025,8 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   QFragments<Cfg> q_frag;
   if constexpr (Cfg::kQFromGlobal) load_q_fragments_global<Cfg>(q_frag, q, m0 + row_warp * kWarpM, seq_len, lane);
 
-  // Prologue: Q_i and the first kStages - 1 tiles in flight at once (Q_i rides in tile 0's group).
+  // Prologue: Q_i and the first kStages - 1 tiles in flight at once (Q_i rides in tile 0's group); by TMA
+  // all kStages (its loop refills a stage only after every warp is done with it, not a tile ahead).
   if constexpr (!Cfg::kQFromGlobal) copy_rows_async<Cfg, kBlockM>(q_s, q, m0, seq_len, tid);
   if constexpr (kTma) {
     if (tid == 0) {
@@ -1015,15 +1037,16 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     }
     __syncthreads();
   }
+  constexpr int kPrologueTiles = kTma ? kStages : kStages - 1;
 #pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
+  for (int st = 0; st < kPrologueTiles; ++st) {
     if (st < n_tiles) load_tile(st, st);
-    fc::cp_async_commit();
+    if constexpr (!kTma) fc::cp_async_commit();
   }
   if constexpr (kTma) {
     // The same L2 prefetch as below, a tile at a time: CTA i of the head takes tiles i, i + tiles, ...
     if (tid == 0) {
-      for (int tile = kStages - 1 + tile_index; tile < n_tiles; tile += tiles) {
+      for (int tile = kPrologueTiles + tile_index; tile < n_tiles; tile += tiles) {
         tma_prefetch_3d(tmap_k, 0, tile * Cfg::kTileN, head);
         tma_prefetch_3d(tmap_v, 0, tile * Cfg::kTileN, head);
       }
@@ -1057,44 +1080,87 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   float l_i[Cfg::kMTiles][2];
   init_rows<Cfg>(o_acc, m_i, l_i);
 
-  int compute_stage = 0;
-  int load_stage = kStages - 1;
-  for (int t = 0; t < n_tiles; ++t) {
-    if constexpr (kTma) {
-      fc::mbarrier_wait_parity(&stage_full[compute_stage], (t / kStages) & 1);  // tile t has landed
-      __syncthreads();  // every warp is done with tile t - 1's stage
-      if (tid == 0) fence_proxy_async_shared();  // its reads come before the TMA's writes into it
-    } else {
+  using Scores = float[Cfg::kMTiles][Cfg::kNTiles][4];
+  // Tile t's stage and this warp's keys in it: key0(t) .. key0(t) + kBlockN - 1.
+  auto key0_of = [&](int t) { return t * Cfg::kTileN + group * kBlockN; };
+  auto k_lane_of = [&](int stage) {
+    return fc::smem_addr(k_stage(stage)) + (group * kBlockN + k_row) * Cfg::kRowBytes;
+  };
+  auto v_lane_of = [&](int stage) {
+    return fc::smem_addr(k_stage(stage) + Cfg::kKvBytes) + (group * kBlockN + a_row) * Cfg::kRowBytes;
+  };
+  // Only tiles crossing the diagonal or the sequence end carry invisible keys.
+  auto mask_edge = [&](Scores& s, int key0) {
+    if (key0 + kBlockN > seq_len || (p.causal && key0 + kBlockN - 1 > warp_row0)) {
+      mask_scores<Cfg>(s, warp_row0, key0, seq_len, p.causal, lane);
+    }
+  };
+  // P = exp(S * scale - m_new), O = diag(exp(m_i - m_new)) O, then O = O + P V_j.
+  auto softmax_pv = [&](Scores& s, int stage) {
+    online_softmax<Cfg>(s, o_acc, m_i, l_i, scale_log2);
+    accumulate_pv<Cfg>(s, o_acc, v_lane_of(stage), lane);
+  };
+
+  if constexpr (kTma) {
+    // S of the next tile is computed before this tile's softmax and P V, all in one basic block: the tile's
+    // mask comes first, and the branches that decide whether a next tile exists wrap the whole block.
+    auto visible = [&](int t) { return t < n_tiles && key0_of(t) < warp_kv_end; };
+    auto wait_tile = [&](int t) { fc::mbarrier_wait_parity(&stage_full[t % kStages], (t / kStages) & 1); };
+    Scores s, s_next;
+    if (visible(0)) {
+      wait_tile(0);
+      warp_scores<Cfg>(s, q_frag, q_lane, k_lane_of(0), lane);
+    }
+    for (int t = 0; t < n_tiles; ++t) {
+      // Tile t - 1's stage is free once every warp is past it: refill it with tile t - 1 + kStages. (The
+      // condition is the same for the whole CTA, so every thread reaches the barrier or none does.)
+      if (t >= 1 && t - 1 + kStages < n_tiles) {
+        __syncthreads();
+        if (tid == 0) {
+          fence_proxy_async_shared();  // the warps' reads of the stage come before the TMA's writes into it
+          load_tile(t - 1 + kStages, (t - 1) % kStages);
+        }
+      }
+      if (!visible(t)) continue;  // not break: later iterations may still hold a barrier
+      mask_edge(s, key0_of(t));
+      if (visible(t + 1)) {
+        wait_tile(t + 1);
+        warp_scores<Cfg>(s_next, q_frag, q_lane, k_lane_of((t + 1) % kStages), lane);
+        softmax_pv(s, t % kStages);
+#pragma unroll
+        for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+          for (int j = 0; j < Cfg::kNTiles; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) s[mt][j][r] = s_next[mt][j][r];
+      } else {
+        softmax_pv(s, t % kStages);
+      }
+    }
+  } else {
+    int compute_stage = 0;
+    int load_stage = kStages - 1;
+    for (int t = 0; t < n_tiles; ++t) {
       fc::cp_async_wait<kStages - 2>();  // this thread's copies of tile t have landed
       __syncthreads();                   // everyone's have, and every warp is done with tile t - 1's stage
-    }
-    if (t + kStages - 1 < n_tiles) load_tile(t + kStages - 1, load_stage);
-    fc::cp_async_commit();  // an empty group at the tail keeps the wait count uniform
-    load_stage = load_stage + 1 == kStages ? 0 : load_stage + 1;
+      if (t + kStages - 1 < n_tiles) load_tile(t + kStages - 1, load_stage);
+      fc::cp_async_commit();  // an empty group at the tail keeps the wait count uniform
+      load_stage = load_stage + 1 == kStages ? 0 : load_stage + 1;
 
-    if constexpr (Cfg::kQInRegs && !Cfg::kQFromGlobal) {
-      if (t == 0) load_q_fragments<Cfg>(q_frag, q_lane, lane);
-    }
-
-    const int key0 = t * Cfg::kTileN + group * kBlockN;  // this warp's keys: key0 .. key0 + kBlockN - 1
-    if (key0 < warp_kv_end) {
-      const unsigned char* k_s = k_stage(compute_stage);
-      const uint32_t k_lane = fc::smem_addr(k_s) + (group * kBlockN + k_row) * Cfg::kRowBytes;
-      const uint32_t v_lane = fc::smem_addr(k_s + Cfg::kKvBytes) + (group * kBlockN + a_row) * Cfg::kRowBytes;
-
-      // S = Q_i K_j^T
-      float s[Cfg::kMTiles][Cfg::kNTiles][4];
-      warp_scores<Cfg>(s, q_frag, q_lane, k_lane, lane);
-      // only tiles crossing the diagonal or the sequence end carry invisible keys
-      if (key0 + kBlockN > seq_len || (p.causal && key0 + kBlockN - 1 > warp_row0)) {
-        mask_scores<Cfg>(s, warp_row0, key0, seq_len, p.causal, lane);
+      if constexpr (Cfg::kQInRegs && !Cfg::kQFromGlobal) {
+        if (t == 0) load_q_fragments<Cfg>(q_frag, q_lane, lane);
       }
-      // P = exp(S * scale - m_new), O = diag(exp(m_i - m_new)) O
-      online_softmax<Cfg>(s, o_acc, m_i, l_i, scale_log2);
-      // O = O + P V_j
-      accumulate_pv<Cfg>(s, o_acc, v_lane, lane);
+
+      const int key0 = key0_of(t);
+      if (key0 < warp_kv_end) {
+        // S = Q_i K_j^T
+        Scores s;
+        warp_scores<Cfg>(s, q_frag, q_lane, k_lane_of(compute_stage), lane);
+        mask_edge(s, key0);
+        softmax_pv(s, compute_stage);
+      }
+      compute_stage = compute_stage + 1 == kStages ? 0 : compute_stage + 1;
     }
-    compute_stage = compute_stage + 1 == kStages ? 0 : compute_stage + 1;
   }
 
   sum_row_quads<Cfg>(l_i);
@@ -1131,7 +1197,7 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     }
   } else {
     // Merge the kSplit groups: m = max_g m_g, l = sum_g exp2(m_g - m) l_g, O = sum_g exp2(m_g - m) O_g / l.
-    fc::cp_async_wait<0>();
+    if constexpr (!kTma) fc::cp_async_wait<0>();
     __syncthreads();  // every warp has left the loop: the ring's bytes are free for the merge
     float2* stats = reinterpret_cast<float2*>(smem);                       // [kSplit][kBlockM]
     float* o_part = reinterpret_cast<float*>(smem + Cfg::kStatsBytes);    // [kSplit][kBlockM][kOStride]
