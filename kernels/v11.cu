@@ -1081,7 +1081,7 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   init_rows<Cfg>(o_acc, m_i, l_i);
 
   using Scores = float[Cfg::kMTiles][Cfg::kNTiles][4];
-  // Tile t's stage and this warp's keys in it: key0(t) .. key0(t) + kBlockN - 1.
+  // This warp's keys in tile t, key0(t) .. key0(t) + kBlockN - 1, and its ldmatrix rows of K and V in a stage.
   auto key0_of = [&](int t) { return t * Cfg::kTileN + group * kBlockN; };
   auto k_lane_of = [&](int stage) {
     return fc::smem_addr(k_stage(stage)) + (group * kBlockN + k_row) * Cfg::kRowBytes;
@@ -1197,6 +1197,8 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     }
   } else {
     // Merge the kSplit groups: m = max_g m_g, l = sum_g exp2(m_g - m) l_g, O = sum_g exp2(m_g - m) O_g / l.
+    // (TMA: every tile loaded was waited on by some warp, since group 0 of the last row warp with rows
+    // before seq_len sees every key below kv_end, so no copy is still landing past this barrier.)
     if constexpr (!kTma) fc::cp_async_wait<0>();
     __syncthreads();  // every warp has left the loop: the ring's bytes are free for the merge
     float2* stats = reinterpret_cast<float2*>(smem);                       // [kSplit][kBlockM]
