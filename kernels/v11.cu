@@ -65,6 +65,12 @@
 // row-warps); not probed further.
 // It is correct (28 default cases, 1,000 random shapes, memcheck / racecheck / synccheck clean on
 // 1,8,512,64, 1,4,1000,128 and 1,2,97,64, causal) and kept as the experiment to finish: the merge is where.
+// Measured later (H200, one run of each shape twice, beside the in-CTA TMA kernel at 8.7-8.8 us): tilings
+// that put two CTAs on an SM, each within 99 KB: 32 rows x 256 keys, 2 groups, 4 warps, 2 tiles per warp
+// 10.0 us; 64 rows with 2 groups 10.2-10.3; 4 ranks of 128 keys 13.1-13.3. With the loads moved to TMA (an
+// experiment outside the product: one mbarrier per group tile, no LDGSTS from the warps) the first of those
+// took 9.2-9.4 and this default 9.8-9.9: the warps' LDGSTS cost it 0.7-1.0 us, and the two merges still
+// leave it 0.4-0.5 us behind.
 //
 // Configuration: one per head dim and regime, each overridable with -D (V11_<SLOT>_<PARAM>, below):
 //   slot        used when (pick_regime)                D   BLOCK_M BLOCK_N WARP_M STAGES SPLIT MIN_BLOCKS warps smem
