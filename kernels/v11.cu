@@ -223,7 +223,7 @@
 // store 480. ncu of that kernel: 2,011 instructions per warp at 6.4 cycles each; stalls per issued
 // instruction: fixed-latency dependency (wait) 2.00, short scoreboard 0.91, long scoreboard 0.81 (the
 // first tile, Q_i), no instruction 0.35, branch 0.24, barrier 0.21. One warp per scheduler, so every
-// dependency shows. Pipelining S (predicted -0.5 us) measured 8.8-8.9 against 9.0-9.2 for the loop before
+// dependency shows. Pipelining S (predicted -0.5 us) measured 8.8-9.0 against 9.0-9.2 for the loop before
 // (four bench runs side by side); at 1,4,2048,64 23.3 against 23.7. Tried beside it and not kept (one or two
 // bench runs each, the old loop at 9.0-9.1): the prologue's TMA issued before the CTA barrier plus
 // prefetch.tensormap 9.0; no per-tile barrier where no refill follows 8.8-9.0 (22.8 at 2,048: folded into
