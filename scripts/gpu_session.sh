@@ -178,11 +178,23 @@ v11short() {  # v11 after Q_i from global memory in the short kernels (and a 3-s
   bench_v11_shapes
 }
 
+v11_registry() {  # v11_registry FILE [NAME DEFINES SUMMARY]...: a one-off registry of v11 builds under out/
+  local file=$1
+  shift
+  mkdir -p out  # (ignored by git; a registry's sources must lie inside the project)
+  {
+    echo 'variants:'
+    while (($# >= 3)); do
+      printf '%s\n' "  - name: $1" '    sources: [../kernels/v11.cu]' "    defines: $2" "    summary: \"$3\"" \
+        '    head_dims: [64, 128]' '    causal: true'
+      shift 3
+    done
+  } >"$file"
+}
+
 v11cluster() {  # v11 with its sm_90 cluster path built in (-D V11_CLUSTER=1), as a one-off registry entry
   export FLASHCORE_RESULTS=$LOGS/results
-  mkdir -p out  # (ignored by git; a registry's sources must lie inside the project)
-  printf '%s\n' 'variants:' '  - name: v11c' '    sources: [../kernels/v11.cu]' '    defines: {V11_CLUSTER: 1}' \
-    '    summary: "v11 with the cluster split-K path on"' '    head_dims: [64, 128]' '    causal: true' >out/v11c.yaml
+  v11_registry out/v11c.yaml v11c '{V11_CLUSTER: 1}' "v11 with the cluster split-K path on"
   export FLASHCORE_REGISTRY=$PWD/out/v11c.yaml
   step test-v11c flashcore test v11c
   step stress-v11c python3 scripts/stress.py v11c --launches 1000 --timeout 280
@@ -199,11 +211,7 @@ v11cluster() {  # v11 with its sm_90 cluster path built in (-D V11_CLUSTER=1), a
 v11tma() {  # v11 after the sm_90 TMA kernel for short D=64: tests, stress, sanitizers on its shapes, and
   # bench runs beside the same build with -D V11_TMA=0 (the cp.async kernel it replaces there)
   export FLASHCORE_RESULTS=$LOGS/results
-  mkdir -p out
-  printf '%s\n' 'variants:' '  - name: v11' '    sources: [../kernels/v11.cu]' '    summary: "v11 as registered"' \
-    '    head_dims: [64, 128]' '    causal: true' '  - name: v11cp' '    sources: [../kernels/v11.cu]' \
-    '    defines: {V11_TMA: 0}' '    summary: "v11 with the TMA kernel off"' '    head_dims: [64, 128]' \
-    '    causal: true' >out/v11tma.yaml
+  v11_registry out/v11tma.yaml v11 '{}' "v11 as registered" v11cp '{V11_TMA: 0}' "v11 with the TMA kernel off"
   local r="--registry out/v11tma.yaml"
   step build-v11 flashcore $r build v11 v11cp
   step ptxas-v11 flashcore ptxas v11
