@@ -71,4 +71,24 @@ __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t par
 // Waits until every cp.async this thread issued has landed (a thread must not exit with copies in flight).
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// Bulk copies (cp.async.bulk, TMA; sm_90 only: on older targets these trap) count their bytes down on an
+// mbarrier instead of arriving on it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FC_SM90_ONLY(statement) statement
+#else
+#define FC_SM90_ONLY(statement) __trap()
+#endif
+
+// Makes this thread's ordinary shared-memory writes visible to the bulk-copy engine (the async proxy).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  FC_SM90_ONLY(asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"));
+}
+
+// One thread's arrival on `bar` (initialised for one) that also makes its current phase wait for `bytes`
+// of bulk copies to land.
+__device__ __forceinline__ void mbarrier_arrive_expect_bytes(uint64_t* bar, uint32_t bytes) {
+  FC_SM90_ONLY(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+                            : "memory"));
+}
+
 }  // namespace fc

@@ -875,31 +875,13 @@ __device__ __forceinline__ void st_global_16(void* ptr, uint32_t x, uint32_t y, 
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
 }
 
-// Bulk copies and TMA (sm_90). They are declared for every target so that the kernel templates parse
-// everywhere; below sm_90 they trap, and the launcher only picks a kernel that uses them on an sm_90 build.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define V11_SM90_ONLY(statement) statement
-#else
-#define V11_SM90_ONLY(statement) __trap()
-#endif
-
-// Makes this thread's ordinary shared-memory writes visible to the bulk-copy engine (the async proxy).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  V11_SM90_ONLY(asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"));
-}
-
-// One thread's arrival on `bar` (initialised for one) that also makes its current phase wait for `bytes`
-// of bulk copies (cp.async.bulk, TMA) to land.
-__device__ __forceinline__ void mbarrier_arrive_expect_bytes(uint64_t* bar, uint32_t bytes) {
-  V11_SM90_ONLY(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(fc::smem_addr(bar)),
-                             "r"(bytes)
-                             : "memory"));
-}
-
-// TMA: the box at coordinates (c0, c1, c2) of a 3-D tensor map into this CTA's shared memory at dst, laid
+// TMA (sm_90). Declared for every target so that the kernel templates parse everywhere; below sm_90 they
+// trap (FC_SM90_ONLY, mbarrier.cuh), and the launcher only picks a kernel that uses them on an sm_90 build.
+//
+// The box at coordinates (c0, c1, c2) of a 3-D tensor map into this CTA's shared memory at dst, laid
 // out (and swizzled) as the map says, counted down on bar. Elements past the tensor's bounds land as zeros.
 __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
-  V11_SM90_ONLY(asm volatile(
+  FC_SM90_ONLY(asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
       ::"r"(fc::smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(fc::smem_addr(bar))
       : "memory"));
@@ -907,9 +889,9 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
 
 // The same box into L2 only; nothing waits for it.
 __device__ __forceinline__ void tma_prefetch_3d(const CUtensorMap* map, int c0, int c1, int c2) {
-  V11_SM90_ONLY(asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global [%0, {%1, %2, %3}];\n" ::"l"(map), "r"(c0),
-                             "r"(c1), "r"(c2)
-                             : "memory"));
+  FC_SM90_ONLY(asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global [%0, {%1, %2, %3}];\n" ::"l"(map), "r"(c0),
+                            "r"(c1), "r"(c2)
+                            : "memory"));
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -953,7 +935,7 @@ __device__ __forceinline__ uint32_t map_to_rank(uint32_t smem_address, uint32_t 
 __device__ __forceinline__ void mbarrier_init_expect_bytes(uint64_t* bar, uint32_t bytes) {
   fc::mbarrier_init(bar, 1);
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  mbarrier_arrive_expect_bytes(bar, bytes);
+  fc::mbarrier_arrive_expect_bytes(bar, bytes);
 }
 
 // `bytes` (a multiple of 16) from this CTA's shared memory at src into a peer's at dst, as one bulk copy
@@ -1018,7 +1000,7 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
       // One thread; rows past kv_end but before seq_len arrive too (the masks hide them), rows past seq_len
       // arrive as zeros.
       if (tid == 0) {
-        mbarrier_arrive_expect_bytes(&stage_full[stage], Cfg::kStageBytes);
+        fc::mbarrier_arrive_expect_bytes(&stage_full[stage], Cfg::kStageBytes);
         tma_load_3d(k_s, tmap_k, 0, tile * Cfg::kTileN, head, &stage_full[stage]);
         tma_load_3d(k_s + Cfg::kKvBytes, tmap_v, 0, tile * Cfg::kTileN, head, &stage_full[stage]);
       }
@@ -1040,7 +1022,7 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
       if (fc::smem_addr(smem) & 1023u) __trap();  // never seen; a wrong layout would be silent
 #pragma unroll
       for (int st = 0; st < kStages; ++st) fc::mbarrier_init(&stage_full[st], 1);
-      fence_proxy_async_shared();  // the TMA unit must see the barriers initialised
+      fc::fence_proxy_async_shared();  // the TMA unit must see the barriers initialised
     }
     __syncthreads();
   }
@@ -1124,7 +1106,7 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
       if (t >= 1 && t - 1 + kStages < n_tiles) {
         __syncthreads();
         if (tid == 0) {
-          fence_proxy_async_shared();  // the warps' reads of the stage come before the TMA's writes into it
+          fc::fence_proxy_async_shared();  // the warps' reads of the stage come before the TMA's writes into it
           load_tile(t - 1 + kStages, (t - 1) % kStages);
         }
       }
@@ -1381,7 +1363,7 @@ __global__ void __launch_bounds__(
 
   // Cluster merge: push each peer the rows it owns (contiguous in group 0's slot: one bulk copy), into
   // receive slot [this rank] of its shared memory, counted down on its mbarrier.
-  fence_proxy_async_shared();
+  fc::fence_proxy_async_shared();
   __syncthreads();
   const uint32_t recv = fc::smem_addr(smem + Cfg::kPartsEnd);
   cluster_wait();  // (1): every peer's mbarrier is initialised
