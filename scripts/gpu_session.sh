@@ -228,6 +228,11 @@ v11tma() {  # v11 after the sm_90 TMA kernel for short D=64: tests, stress, sani
   step bench-2048-tma flashcore $r bench v11 v11cp --shape 1,4,2048,64
 }
 
+floor() {  # issue 5: v11 and SDPA beside kernels that do only part of v11's work (scripts/floor_v11.py)
+  step floor-v11 python3 scripts/floor_v11.py --runs 3 --json "$LOGS/floor-v11.json"
+  step bench-512-after-floor flashcore bench v11 --shape 1,8,512,64 --json "$LOGS/bench-512-after-floor.json"
+}
+
 gputests() {  # the gpu-marked pytest suite
   step pytest-gpu python3 -m pytest -q -m gpu -x
 }
