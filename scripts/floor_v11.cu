@@ -98,6 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kStageKeys = kSeq / kStages, kGroupKeys = kStageKeys / 2;  // two key groups per stage
   constexpr int kKvStageBytes = kStageKeys * kRowBytes;                   // K (or V) bytes per stage
   constexpr int kTiles = kGroupKeys / 64;                                  // 64-key tiles per warp and stage
+  static_assert(kGroupKeys % 64 == 0 && kTiles >= 1, "a warp's keys in a stage must be whole 64-key tiles");
   extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ uint64_t stage_full[kStages];
   const int tid = threadIdx.x, lane = tid % fc::kWarpSize, warp = tid / fc::kWarpSize;
