@@ -241,8 +241,8 @@
 // wait for 6.27 (0.53x). So the loads and the tensor work alone, with more shared memory than the L4 allows,
 // already sit above the 0.6x target (7.05 us); v11 adds ~1.5 us of softmax to that. The timelines above come
 // from harnesses that test a __device__ pointer at entry: one DRAM round trip after the flush, so their
-// absolute times read ~0.7 us high (those kernels' floors: 6.3 and 8.0 us against 5.5 and 7.3 without the
-// test); the comparisons within each harness stand.
+// absolute times read ~0.7 us high (the same floor kernels with the test compiled out: loads only
+// 6.37-6.42 -> 5.76-5.79 us, with the HMMA work 8.10-8.13 -> 7.36-7.39); comparisons within a harness stand.
 #include <cuda.h>  // CUtensorMap
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
