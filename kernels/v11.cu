@@ -239,10 +239,11 @@
 // keys, the best of the schedules tried (outside the repo, beside 7.26 for four stages: K and V on separate
 // barriers 7.30-7.33, 8 stages 7.58, 8 warps 7.55, 32-row warps 7.68-7.71); the same math with no K or V to
 // wait for 6.27 (0.53x). So the loads and the tensor work alone, with more shared memory than the L4 allows,
-// already sit above the 0.6x target (7.05 us); v11 adds ~1.5 us of softmax to that. The timelines above come
-// from harnesses that test a __device__ pointer at entry: one DRAM round trip after the flush, so their
-// absolute times read ~0.7 us high (the same floor kernels with the test compiled out: loads only
-// 6.37-6.42 -> 5.76-5.79 us, with the HMMA work 8.10-8.13 -> 7.36-7.39); comparisons within a harness stand.
+// already sit above the 0.6x target (7.05 us); v11 adds ~1.5 us of softmax to that. The load-only models and
+// the timelines above come from harnesses that test a __device__ pointer at entry (the ablations do not): one
+// DRAM round trip after the flush, so their absolute times read ~0.7 us high (the same floor kernels with the
+// test compiled out: loads only 6.37-6.42 -> 5.76-5.79 us, with the HMMA work 8.10-8.13 -> 7.36-7.39);
+// comparisons within a harness stand.
 #include <cuda.h>  // CUtensorMap
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
