@@ -76,13 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         ("v11", lambda: v11(q, k, v, out=out)),
     ]
     rows += [(name, lambda mode=mode: ext.launch(mode, q, k, v, out)) for mode, name in FLOORS]
-    for _, fn in rows:  # each runs once before timing: a failed launch is an error here, not a number
-        fn()
-    torch.cuda.synchronize()
 
     flusher = L2Flusher()
-    record = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": SHAPE, "v11_max_abs_err": err}
-    record["runs"] = []
+    record = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": SHAPE, "v11_max_abs_err": err,
+              "runs": []}
     print(f"{record['gpu']}, torch {torch.__version__}, shape {Shape(*SHAPE)}; "
           f"v11 max abs error {err:.1e} (tolerance {check.tolerance:.1e})")
     for run in range(args.runs):
