@@ -244,13 +244,11 @@
 // DRAM round trip after the flush, so their absolute times read ~0.7 us high (the same floor kernels with the
 // test compiled out: loads only 6.37-6.42 -> 5.76-5.79 us, with the HMMA work 8.10-8.13 -> 7.36-7.39);
 // comparisons within a harness stand.
-#include <cuda.h>  // CUtensorMap
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
-
 #include "flashcore.h"
 #include "mbarrier.cuh"
 #include "mma_sm80.cuh"
 #include "primitives.cuh"
+#include "tma.cuh"
 
 #include <cstdint>
 #include <type_traits>
@@ -889,25 +887,6 @@ __device__ __forceinline__ void st_global_16(void* ptr, uint32_t x, uint32_t y, 
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
 }
 
-// TMA (sm_90). Declared for every target so that the kernel templates parse everywhere; below sm_90 they
-// trap (FC_SM90_ONLY, mbarrier.cuh), and the launcher only picks a kernel that uses them on an sm_90 build.
-//
-// The box at coordinates (c0, c1, c2) of a 3-D tensor map into this CTA's shared memory at dst, laid
-// out (and swizzled) as the map says, counted down on bar. Elements past the tensor's bounds land as zeros.
-__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
-  FC_SM90_ONLY(asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-      ::"r"(fc::smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(fc::smem_addr(bar))
-      : "memory"));
-}
-
-// The same box into L2 only; nothing waits for it.
-__device__ __forceinline__ void tma_prefetch_3d(const CUtensorMap* map, int c0, int c1, int c2) {
-  FC_SM90_ONLY(asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global [%0, {%1, %2, %3}];\n" ::"l"(map), "r"(c0),
-                            "r"(c1), "r"(c2)
-                            : "memory"));
-}
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): this CTA's rank, the cluster's size, a cluster-wide barrier whose arrive
 // releases and whose wait acquires this CTA's shared-memory writes, and loads from a peer's shared memory.
@@ -1015,8 +994,8 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
       // arrive as zeros.
       if (tid == 0) {
         fc::mbarrier_arrive_expect_bytes(&stage_full[stage], Cfg::kStageBytes);
-        tma_load_3d(k_s, tmap_k, 0, tile * Cfg::kTileN, head, &stage_full[stage]);
-        tma_load_3d(k_s + Cfg::kKvBytes, tmap_v, 0, tile * Cfg::kTileN, head, &stage_full[stage]);
+        fc::tma_load_3d(k_s, tmap_k, 0, tile * Cfg::kTileN, head, &stage_full[stage]);
+        fc::tma_load_3d(k_s + Cfg::kKvBytes, tmap_v, 0, tile * Cfg::kTileN, head, &stage_full[stage]);
       }
       return;
     }
@@ -1050,8 +1029,8 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     // The same L2 prefetch as below, a tile at a time: CTA i of the head takes tiles i, i + tiles, ...
     if (tid == 0) {
       for (int tile = kPrologueTiles + tile_index; tile < n_tiles; tile += tiles) {
-        tma_prefetch_3d(tmap_k, 0, tile * Cfg::kTileN, head);
-        tma_prefetch_3d(tmap_v, 0, tile * Cfg::kTileN, head);
+        fc::tma_prefetch_3d(tmap_k, 0, tile * Cfg::kTileN, head);
+        fc::tma_prefetch_3d(tmap_v, 0, tile * Cfg::kTileN, head);
       }
     }
   } else if constexpr (kSplit > 1) {
@@ -1505,38 +1484,17 @@ static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
   return fc::launch_status();
 }
 
-// cuTensorMapEncodeTiled from the driver, found through the runtime (no link against libcuda); null when the
-// driver has none.
-static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encode;
-}
-
 // A [B * H][S][D] fp16 tensor as a 3-D map whose boxes are `rows` x D (D = 64: one 128-byte row per box
 // row), swizzled 128 bytes (the chunk ^ (row & 7) layout the kernel reads), zeros past S. False when the
 // driver refuses it (a misaligned base, say); the caller then takes the cp.async kernel.
 static bool encode_rows_map(CUtensorMap* map, const void* base, const FlashcoreParams& p, int rows) {
-  const auto encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.seq_len),
-                              static_cast<cuuint64_t>(p.batch) * p.heads};
   const cuuint64_t row_bytes = static_cast<cuuint64_t>(p.head_dim) * sizeof(__half);
-  const cuuint64_t strides[2] = {row_bytes, row_bytes * p.seq_len};  // bytes, dims 1 and 2
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(p.head_dim), static_cast<cuuint32_t>(rows), 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, const_cast<void*>(base), dims, strides, box,
-                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return fc::encode_tensor_map<3>(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, base,
+                                  {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.seq_len),
+                                   static_cast<cuuint64_t>(p.batch) * p.heads},
+                                  {row_bytes, row_bytes * p.seq_len},  // bytes, dims 1 and 2
+                                  {static_cast<cuuint32_t>(p.head_dim), static_cast<cuuint32_t>(rows), 1},
+                                  CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // Whether `kernel` can run here: an sm_90 device and an sm_90 build of it (an older build's body traps).
@@ -1556,7 +1514,7 @@ static bool runs_sm90_image(Kernel kernel) {
 // The TMA kernel also needs the driver's encoder: asked once per process.
 template <class Cfg>
 static bool tma_ready() {
-  static const bool ready = runs_sm90_image(tma_kernel_of<Cfg>()) && tensor_map_encoder() != nullptr;
+  static const bool ready = runs_sm90_image(tma_kernel_of<Cfg>()) && fc::tensor_map_encoder() != nullptr;
   return ready;
 }
 
