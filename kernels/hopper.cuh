@@ -1,0 +1,233 @@
+// hopper.cuh — the sm_90a (Hopper) primitives behind v12, each a thin wrapper over one PTX instruction:
+// warpgroup matrix multiply (wgmma) with its shared-memory descriptors and fence/commit/wait, register
+// reallocation between warpgroups (setmaxnreg), named barriers, and 4-D TMA tile loads and stores.
+// Tensor-map encoding and the mbarrier operations live in tma.cuh and mbarrier.cuh (shared with v11).
+//
+// wgmma and setmaxnreg exist only in the sm_90a target (-gencode arch=compute_90a,code=sm_90a); built for
+// any other target these wrappers trap, so a rung that uses them is registered with `archs: [sm_90a]`.
+#pragma once
+
+#include <cuda.h>
+#include <cstdint>
+
+#include "mbarrier.cuh"
+#include "primitives.cuh"
+#include "tma.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FC_SM90A_ONLY(statement) statement
+#else
+#define FC_SM90A_ONLY(statement) __trap()
+#endif
+
+namespace fc {
+
+// ---- warpgroup shapes ---------------------------------------------------------------------------------
+constexpr int kWarpgroupThreads = 128;
+
+// ---- wgmma shared-memory descriptors ------------------------------------------------------------------
+// A 64-bit descriptor tells wgmma where an operand tile lies in shared memory and how it is laid out:
+// bits 0-13 start address >> 4, 16-29 leading-dimension byte offset >> 4, 32-45 stride byte offset >> 4,
+// 62-63 swizzle (1 = 128-byte). Tiles here are TMA-written 128-byte-swizzled panels (64 fp16 per row),
+// 1024-byte aligned, so the base-offset field stays 0.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* smem, uint32_t lead_bytes, uint32_t stride_bytes) {
+  const uint64_t start = (smem_addr(smem) & 0x3FFFF) >> 4;
+  return start | (static_cast<uint64_t>(lead_bytes >> 4) << 16) | (static_cast<uint64_t>(stride_bytes >> 4) << 32) |
+         (1ull << 62);
+}
+
+// ---- wgmma ordering -----------------------------------------------------------------------------------
+// wgmma.fence: orders this warpgroup's earlier register writes (accumulators, A fragments) before the
+// wgmma that follows reads them. Needed before the first wgmma and after any non-wgmma write to them.
+__device__ __forceinline__ void wgmma_fence() { FC_SM90A_ONLY(asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory")); }
+
+// wgmma.commit_group: closes the wgmmas issued so far into one group that wait_group can wait for.
+__device__ __forceinline__ void wgmma_commit() {
+  FC_SM90A_ONLY(asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"));
+}
+
+// wgmma.wait_group N: returns once at most N committed groups are still running.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  FC_SM90A_ONLY(asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory"));
+}
+
+// Keeps the compiler from moving reads or writes of an accumulator across an asynchronous wgmma (it
+// cannot see that the hardware writes these registers after the issuing instruction has retired).
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// The same for register A fragments, which the hardware reads until the wgmma completes: keeping them live
+// up to the wait stops the compiler from giving their registers to other values meanwhile.
+template <int M, int N>
+__device__ __forceinline__ void wgmma_fence_operands(uint32_t (&a)[M][N]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int j = 0; j < N; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+}
+
+// wgmma_ss<N>: D[64 x N] (+)= A[64 x 16] * B[N x 16]^T, A and B both K-major in shared memory (descriptors);
+// accumulate = 0 overwrites D. wgmma_rs<N>: D[64 x N] (+)= A[64 x 16] * B[16 x N], A from registers (four
+// fp16x2 per thread, the mma.sync m16n8k16 A layout per warp), B N-major in shared memory (transposed read).
+// The accumulator layout per warp w of the warpgroup: lane t holds rows 16w + t/4 and +8, columns
+// 8j + 2(t%4) + {0, 1}: d[4j], d[4j+1] on the first row, d[4j+2], d[4j+3] on the second.
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate);
+template <int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int accumulate);
+
+template <>
+__device__ __forceinline__ void wgmma_ss<64>(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  FC_SM90A_ONLY(asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate)));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss<128>(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  FC_SM90A_ONLY(asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate)));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss<192>(float (&d)[96], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  FC_SM90A_ONLY(asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+      "}, %96, %97, p, 1, 1, 0, 0;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate)));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_rs<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+  FC_SM90A_ONLY(asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate)));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_rs<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+  FC_SM90A_ONLY(asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate)));
+}
+
+// ---- register reallocation ----------------------------------------------------------------------------
+// setmaxnreg.dec / .inc: this warpgroup gives registers back to the pool / takes them from it (a multiple
+// of 8 in 24..256; every warp of the warpgroup executes it). Takes effect only in a kernel launched with a
+// register cap (__launch_bounds__(threads, 1)).
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  FC_SM90A_ONLY(asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs)));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  FC_SM90A_ONLY(asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs)));
+}
+
+// ---- named barriers -----------------------------------------------------------------------------------
+// bar.sync id, n: waits until n threads (this one included) have arrived at barrier `id` (1..15; 0 is
+// __syncthreads). bar.arrive id, n: counts this thread's arrival without waiting.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- mbarrier set-up for the copy engine --------------------------------------------------------------
+// fence.mbarrier_init: makes this thread's mbarrier.init visible to the async proxy (the TMA unit) before
+// the block's barrier that publishes them.
+__device__ __forceinline__ void fence_mbarrier_init() {
+  FC_SM90_ONLY(asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"));
+}
+
+// ---- tensor maps over [B, H, S, D] in 128-byte panels (host) ------------------------------------------
+// A [B, H, S, D] fp16 tensor seen as 4-D {64, S, D/64, B*H}: a box {64, rows, panels, 1} lands in shared
+// memory as `panels` panels of rows x 128 bytes, each 128-byte swizzled (16-byte chunk c of row r stored at
+// chunk c ^ (r % 8)), which is the K-major layout wgmma's descriptors read. Rows past S read as zeros and
+// are not written by stores. False when the driver refuses (no encoder, a misaligned base).
+static inline bool encode_panel_map(CUtensorMap* map, const void* base, int batch_heads, int seq_len, int head_dim,
+                                    int box_rows, int box_panels) {
+  if (head_dim % 64 != 0) return false;
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(head_dim) * 2;
+  const cuuint64_t dims[4] = {64, static_cast<cuuint64_t>(seq_len), static_cast<cuuint64_t>(head_dim / 64),
+                              static_cast<cuuint64_t>(batch_heads)};
+  const cuuint64_t strides[3] = {row_bytes, 128, row_bytes * seq_len};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), static_cast<cuuint32_t>(box_panels), 1};
+  return encode_tensor_map<4>(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, base, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
+}
+
+}  // namespace fc

@@ -1,0 +1,347 @@
+// v12.cu — rung 12: FlashAttention-3 on Hopper (sm_90a): TMA, wgmma, warp-specialized warpgroups.
+// (header: see the end of the session's measurements; written below once measured)
+#include "flashcore.h"
+#include "hopper.cuh"
+
+
+
+constexpr int kConsumers = 2;                             // consumer warpgroups, 64 query rows each
+constexpr int kBlockM = 64 * kConsumers;                  // Br: query rows per CTA
+constexpr int kThreads = fc::kWarpgroupThreads * (1 + kConsumers);  // + the producer warpgroup
+constexpr int kStages = 2;                                // K and V tiles in flight, each
+constexpr int kProducerRegs = 24;                         // setmaxnreg: what the producer keeps ...
+constexpr int kConsumerRegs = 240;                        // ... and what each consumer grows to
+constexpr int kSchedBarrier = 1;                          // named barriers 1, 2: the consumers' GEMM turns
+constexpr int kEpilogueBarrier = 3;                       // named barriers 3, 4: a consumer's own 128 threads
+static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536, "register file");
+
+template <int kHeadDim, int kBlockN>
+struct Config {
+  static constexpr int kPanels = kHeadDim / 64;           // 128-byte panels of 64 columns per row
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or V tile
+  // Shared memory: Q_i | K_j x kStages | V_j x kStages | mbarriers; tiles 1024-byte aligned (the swizzle atom).
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = kQOffset + kQBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
+  static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
+  static constexpr int kSmemBytes = kBarOffset + 8 * (1 + 4 * kStages) + 1024;  // + alignment slack
+  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles keep the 1024-byte swizzle alignment");
+};
+
+struct Barriers {
+  uint64_t q_full;
+  uint64_t k_full[kStages], k_empty[kStages];
+  uint64_t v_full[kStages], v_empty[kStages];
+};
+
+struct Maps {
+  CUtensorMap q, k, v, o;
+};
+
+// Row state of one thread: it owns rows r and r + 8 of its warp's 16 (see hopper.cuh's fragment layout).
+struct RowState {
+  float m[2];  // running max of S * scale * log2(e) per row
+  float l[2];  // running sum of P per row (this thread's columns only; quad-summed at the end)
+};
+
+// P = exp2(S * c - m) for one score tile in place, with the mask applied first where the tile needs it;
+// returns each row's rescale factor exp2(m_old - m_new) and updates m and l.
+template <int kBlockN>
+__device__ __forceinline__ void online_softmax(float (&s)[kBlockN / 2], RowState& st, float (&alpha)[2], float c,
+                                               bool mask, int row0, int col0, int seq_len, bool causal) {
+  // S * c, masked to -inf outside the sequence and (causal) right of the diagonal
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[4 * j + e] * c;
+      if (mask) {
+        const int col = col0 + 8 * j + 2 * (threadIdx.x % 4) + (e & 1);
+        const int row = row0 + (e >> 1) * 8;
+        if (col >= seq_len || (causal && col > row)) x = -INFINITY;
+      }
+      s[4 * j + e] = x;
+    }
+  }
+  // m_new = max(m_old, rowmax(S * c)) over the quad that shares a row
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = st.m[h];
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    mx = fc::group_max<4>(mx);
+    // A row with nothing visible yet keeps m = -inf; subtract 0 then so that exp2 gives 0, not NaN.
+    const float m_use = mx == -INFINITY ? 0.f : mx;
+    alpha[h] = exp2f(st.m[h] - m_use);
+    st.m[h] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      // x - m is exact at the row's max (both are the same rounded product), so P_max is exactly 1.
+      s[4 * j + 2 * h] = exp2f(s[4 * j + 2 * h] - m_use);
+      s[4 * j + 2 * h + 1] = exp2f(s[4 * j + 2 * h + 1] - m_use);
+      sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
+    }
+    st.l[h] = st.l[h] * alpha[h] + sum;
+  }
+}
+
+// The P tile as wgmma A fragments: k-step kk packs score chunks 2kk and 2kk + 1 (no shuffles needed).
+template <int kBlockN>
+__device__ __forceinline__ void pack_p(const float (&s)[kBlockN / 2], uint32_t (&pa)[kBlockN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int j = 2 * kk + half;
+      const __half2 top = __floats2half2_rn(s[4 * j], s[4 * j + 1]);
+      const __half2 bottom = __floats2half2_rn(s[4 * j + 2], s[4 * j + 3]);
+      pa[kk][2 * half] = *reinterpret_cast<const uint32_t*>(&top);
+      pa[kk][2 * half + 1] = *reinterpret_cast<const uint32_t*>(&bottom);
+    }
+  }
+}
+
+// S = Q_i K_j^T for this warpgroup's 64 rows: kHeadDim / 16 k-steps, both operands K-major in 128-byte
+// panels (a k-step moves 32 bytes along the row; every 4 steps the next panel).
+template <int kHeadDim, int kBlockN>
+__device__ __forceinline__ void gemm_qk(float (&s)[kBlockN / 2], const __half* q_rows, const __half* k_tile) {
+  fc::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    const int panel = kk / 4, within = (kk % 4) * 32;
+    const char* a = reinterpret_cast<const char*>(q_rows) + panel * kBlockM * 128 + within;
+    const char* b = reinterpret_cast<const char*>(k_tile) + panel * kBlockN * 128 + within;
+    fc::wgmma_ss<kBlockN>(s, fc::wgmma_desc_sw128(a, 16, 1024), fc::wgmma_desc_sw128(b, 16, 1024), kk > 0);
+  }
+  fc::wgmma_commit();
+}
+
+// O += P V_j: kBlockN / 16 k-steps over the keys; V is read transposed (N-major: its rows are keys, its
+// 64-column panels lie kBlockN * 128 bytes apart), 16 keys = 2048 bytes per step.
+template <int kHeadDim, int kBlockN>
+__device__ __forceinline__ void gemm_pv(float (&o)[kHeadDim / 2], const uint32_t (&pa)[kBlockN / 16][4],
+                                        const __half* v_tile) {
+  fc::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    const char* b = reinterpret_cast<const char*>(v_tile) + kk * 2048;
+    fc::wgmma_rs<kHeadDim>(o, pa[kk], fc::wgmma_desc_sw128(b, kBlockN * 128, 1024), 1);
+  }
+  fc::wgmma_commit();
+}
+
+// One consumer warpgroup releases a ring slot: lane 0 of each of its warps arrives (count 4 per consumer).
+__device__ __forceinline__ void release(uint64_t* bar) {
+  if (threadIdx.x % 32 == 0) fc::mbarrier_arrive(bar);
+}
+
+template <int kHeadDim, int kBlockN>
+__global__ void __launch_bounds__(kThreads, 1) v12_fwd(const FlashcoreParams p, const __grid_constant__ Maps maps) {
+  using Cfg = Config<kHeadDim, kBlockN>;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  __half* q_tile = reinterpret_cast<__half*>(smem + Cfg::kQOffset);
+  __half* k_tiles = reinterpret_cast<__half*>(smem + Cfg::kKOffset);
+  __half* v_tiles = reinterpret_cast<__half*>(smem + Cfg::kVOffset);
+  Barriers& bars = *reinterpret_cast<Barriers*>(smem + Cfg::kBarOffset);
+
+  // Longest causal rows first: blockIdx.x = 0 takes the last query tile.
+  const int num_m = fc::ceil_div(p.seq_len, kBlockM);
+  const int m_block = p.causal ? num_m - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
+  const int bh = blockIdx.y;
+  const int num_n_all = fc::ceil_div(p.seq_len, kBlockN);
+  const int num_n = p.causal ? min(num_n_all, fc::ceil_div((m_block + 1) * kBlockM, kBlockN)) : num_n_all;
+
+  const int warpgroup = threadIdx.x / fc::kWarpgroupThreads;
+  if (threadIdx.x == 0) {
+    fc::mbarrier_init(&bars.q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      fc::mbarrier_init(&bars.k_full[s], 1);
+      fc::mbarrier_init(&bars.v_full[s], 1);
+      fc::mbarrier_init(&bars.k_empty[s], 4 * kConsumers);
+      fc::mbarrier_init(&bars.v_empty[s], 4 * kConsumers);
+    }
+    fc::fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    // ---- producer: one thread streams Q_i once, then K_j and V_j through the ring ----
+    fc::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      fc::tma_prefetch_descriptor(&maps.q);
+      fc::tma_prefetch_descriptor(&maps.k);
+      fc::tma_prefetch_descriptor(&maps.v);
+      fc::tma_prefetch_descriptor(&maps.o);
+      fc::mbarrier_arrive_expect_bytes(&bars.q_full, Cfg::kQBytes);
+      fc::tma_load_4d(q_tile, &maps.q, 0, m_block * kBlockM, 0, bh, &bars.q_full);
+      for (int n = 0; n < num_n; ++n) {
+        const int s = n % kStages;
+        const uint32_t lap = (n / kStages) & 1;
+        fc::mbarrier_wait_parity(&bars.k_empty[s], lap ^ 1);
+        fc::mbarrier_arrive_expect_bytes(&bars.k_full[s], Cfg::kKVBytes);
+        fc::tma_load_4d(k_tiles + s * (Cfg::kKVBytes / 2), &maps.k, 0, n * kBlockN, 0, bh, &bars.k_full[s]);
+        fc::mbarrier_wait_parity(&bars.v_empty[s], lap ^ 1);
+        fc::mbarrier_arrive_expect_bytes(&bars.v_full[s], Cfg::kKVBytes);
+        fc::tma_load_4d(v_tiles + s * (Cfg::kKVBytes / 2), &maps.v, 0, n * kBlockN, 0, bh, &bars.v_full[s]);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers: warpgroup g owns query rows 64g .. 64g + 63 of the tile ----
+  fc::setmaxnreg_inc<kConsumerRegs>();
+  const int g = warpgroup - 1;
+  const int tid = threadIdx.x % fc::kWarpgroupThreads;
+  const int row0 = m_block * kBlockM + 64 * g + 16 * (tid / 32) + (tid % 32) / 4;  // and row0 + 8
+  const int first_row = m_block * kBlockM + 64 * g;
+  const float c = p.scale * 1.4426950408889634f;  // exp(x) = exp2(x * log2(e))
+  const __half* q_rows = q_tile + 64 * g * 64;     // panel 0, row 64g (each panel holds kBlockM rows)
+  const int my_turn = kSchedBarrier + g, next_turn = kSchedBarrier + (g + 1) % kConsumers;
+
+  float o[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
+  float s[kBlockN / 2];
+  uint32_t pa[kBlockN / 16][4];
+  RowState st = {{-INFINITY, -INFINITY}, {0.f, 0.f}};
+  float alpha[2];
+  // A tile needs the mask when it reaches past S or (causal) right of this warpgroup's first row.
+  auto needs_mask = [&](int n) {
+    const int last_col = (n + 1) * kBlockN - 1;
+    return last_col >= p.seq_len || (p.causal && last_col > first_row);
+  };
+
+  // Ping-pong: the consumers take turns issuing GEMMs (named barriers my_turn / next_turn), so one's
+  // softmax runs while the other's GEMMs do. Consumer 1 lets consumer 0 go first.
+  if (g == 1) fc::named_barrier_arrive(kSchedBarrier, 2 * fc::kWarpgroupThreads);
+
+  fc::mbarrier_wait_parity(&bars.q_full, 0);
+  // Tile 0: S = Q_i K_0^T, then its softmax.
+  fc::mbarrier_wait_parity(&bars.k_full[0], 0);
+  fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
+  gemm_qk<kHeadDim, kBlockN>(s, q_rows, k_tiles);
+  fc::wgmma_fence_operands(s);
+  fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);
+  fc::wgmma_wait<0>();
+  fc::wgmma_fence_operands(s);
+  release(&bars.k_empty[0]);
+  online_softmax<kBlockN>(s, st, alpha, c, needs_mask(0), row0, 0, p.seq_len, p.causal);
+  pack_p<kBlockN>(s, pa);
+
+  for (int n = 1; n < num_n; ++n) {
+    const int sk = n % kStages, sv = (n - 1) % kStages;
+    // Issue S_next = Q_i K_n^T, then O += P V_{n-1}; the softmax of S_next overlaps P V_{n-1}.
+    fc::mbarrier_wait_parity(&bars.k_full[sk], (n / kStages) & 1);
+    fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
+    gemm_qk<kHeadDim, kBlockN>(s, q_rows, k_tiles + sk * (Cfg::kKVBytes / 2));
+    fc::wgmma_fence_operands(s);
+    fc::mbarrier_wait_parity(&bars.v_full[sv], ((n - 1) / kStages) & 1);
+    gemm_pv<kHeadDim, kBlockN>(o, pa, v_tiles + sv * (Cfg::kKVBytes / 2));
+    fc::wgmma_fence_operands(o);
+    fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);
+    fc::wgmma_wait<1>();  // S_next has landed; P V may still run
+    fc::wgmma_fence_operands(s);
+    release(&bars.k_empty[sk]);
+    online_softmax<kBlockN>(s, st, alpha, c, needs_mask(n), row0, n * kBlockN, p.seq_len, p.causal);
+    fc::wgmma_wait<0>();  // P V_{n-1} done: P and V_{n-1}'s slot are free
+    fc::wgmma_fence_operands(o);
+    fc::wgmma_fence_operands(pa);  // the wgmma read pa until here: keep its registers from being reused
+    release(&bars.v_empty[sv]);
+    // O = diag(alpha) O
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      o[4 * j] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
+    }
+    pack_p<kBlockN>(s, pa);
+  }
+  // The last tile's O += P V.
+  const int sv = (num_n - 1) % kStages;
+  fc::mbarrier_wait_parity(&bars.v_full[sv], ((num_n - 1) / kStages) & 1);
+  fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
+  gemm_pv<kHeadDim, kBlockN>(o, pa, v_tiles + sv * (Cfg::kKVBytes / 2));
+  fc::wgmma_fence_operands(o);
+  if (g + 1 < kConsumers) fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);  // the last turn passes none on
+  fc::wgmma_wait<0>();
+  fc::wgmma_fence_operands(o);
+  fc::wgmma_fence_operands(pa);
+  release(&bars.v_empty[sv]);
+
+  // ---- epilogue: O / l -> fp16 into this warpgroup's rows of the Q tile (same swizzled panels), then a
+  // TMA store per panel; rows past S are clipped by the store ----
+  float inv_l[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = fc::group_sum<4>(st.l[h]);
+    inv_l[h] = l > 0.f ? 1.f / l : 0.f;
+  }
+  unsigned char* rows_base = reinterpret_cast<unsigned char*>(q_tile) + 64 * g * 128;
+  const int r_local = 16 * (tid / 32) + (tid % 32) / 4;
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 8; ++j) {
+    const int col = 8 * j + 2 * (tid % 4);
+    const int panel = col / 64, chunk = (col % 64) / 8, within = (col % 8) * 2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r_local + 8 * h;
+      const __half2 v2 = __floats2half2_rn(o[4 * j + 2 * h] * inv_l[h], o[4 * j + 2 * h + 1] * inv_l[h]);
+      unsigned char* dst = rows_base + panel * kBlockM * 128 + r * 128 + ((chunk ^ (r % 8)) * 16) + within;
+      *reinterpret_cast<__half2*>(dst) = v2;
+    }
+  }
+  fc::fence_proxy_async_shared();
+  fc::named_barrier_sync(kEpilogueBarrier + g, fc::kWarpgroupThreads);
+  if (tid == 0 && first_row < p.seq_len) {
+#pragma unroll
+    for (int panel = 0; panel < Cfg::kPanels; ++panel) {
+      fc::tma_store_4d(&maps.o, 0, m_block * kBlockM + 64 * g, panel, bh, rows_base + panel * kBlockM * 128);
+    }
+    fc::tma_store_commit();
+    fc::tma_store_wait_read<0>();
+  }
+}
+
+template <int kHeadDim, int kBlockN>
+const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
+  using Cfg = Config<kHeadDim, kBlockN>;
+  const auto kernel = v12_fwd<kHeadDim, kBlockN>;
+  if (const char* err = fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes)) return err;
+  const int bh = p.batch * p.heads;
+  Maps maps;
+  if (!fc::encode_panel_map(&maps.q, p.q, bh, p.seq_len, kHeadDim, kBlockM, Cfg::kPanels) ||
+      !fc::encode_panel_map(&maps.k, p.k, bh, p.seq_len, kHeadDim, kBlockN, Cfg::kPanels) ||
+      !fc::encode_panel_map(&maps.v, p.v, bh, p.seq_len, kHeadDim, kBlockN, Cfg::kPanels) ||
+      !fc::encode_panel_map(&maps.o, p.o, bh, p.seq_len, kHeadDim, 64, 1)) {
+    return fc::message("v12: the driver refused a TMA tensor map (is the driver new enough, the tensor 16-byte aligned?)");
+  }
+  const dim3 grid(fc::ceil_div(p.seq_len, kBlockM), bh);
+  kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
+  return fc::launch_status();
+}
+
+constexpr int kBlockN64 = 128;   // keys per tile at D = 64
+constexpr int kBlockN128 = 128;  // keys per tile at D = 128
+
+
+
+int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
+  if (max_plans < 1) return 0;
+  if (head_dim == 64) plans[0] = {"v12_fwd<64, 128>", kThreads, Config<64, kBlockN64>::kSmemBytes};
+  else if (head_dim == 128) plans[0] = {"v12_fwd<128, 128>", kThreads, Config<128, kBlockN128>::kSmemBytes};
+  else return 0;
+  return 1;
+}
+
+const char* flashcore_forward(const FlashcoreParams& p, cudaStream_t stream) {
+  if (!(p.scale > 0.f)) return fc::message("v12 needs a positive softmax scale (got %g)", p.scale);
+  switch (p.head_dim) {
+    case 64: return launch<64, kBlockN64>(p, stream);
+    case 128: return launch<128, kBlockN128>(p, stream);
+    default: return fc::unsupported_head_dim(p.head_dim);
+  }
+}
