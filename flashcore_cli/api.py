@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from flashcore_cli.errors import FlashcoreInputError
+from flashcore_cli.errors import FlashcoreEnvironmentError, FlashcoreInputError
 from flashcore_cli.registry import Variant, load_registry
 
 
@@ -67,10 +67,17 @@ class Attention:
 
 
 def load_variant(name: str, *, registry=None, arch: str | None = None, force: bool = False) -> Attention:
+    """Build (or load from the cache) a variant for `arch` (default: the GPU's). Raises FlashcoreError for an
+    unknown variant or a broken registry, FlashcoreEnvironmentError (a RuntimeError) where this machine cannot
+    build it (a CPU build of torch, a GPU the variant does not run on), BuildError when the compiler fails."""
     from flashcore_cli.build import build_variant
+    from flashcore_cli.toolchain import cpu_torch_problem
     from flashcore_cli.tuned import current_gpu_name, tuned_defines
 
     variant = load_registry(registry).get(name)
+    problem = cpu_torch_problem()
+    if problem:
+        raise FlashcoreEnvironmentError(f"load_variant('{name}'): {problem}")
     if arch is None:
         import torch
 

@@ -1,4 +1,9 @@
-"""Target architectures: parsing, per-arch occupancy limits, and the default (the GPU present, else sm_90)."""
+"""Target architectures: parsing, per-arch occupancy limits, and the default (the GPU present, else sm_90).
+
+A GPU has an arch (sm_89, sm_90). A compile targets an arch or an arch-specific target: sm_90a adds Hopper's
+wgmma and setmaxnreg, and its code runs on sm_90 GPUs only. A variant that needs them lists `archs: [sm_90a]`
+in the registry (registry.Variant.target_arch picks what to compile for).
+"""
 
 from __future__ import annotations
 
@@ -30,14 +35,26 @@ ARCHS: dict[str, ArchLimits] = {
     "sm_90": ArchLimits(2048, 32, 65536, 233472, 232448, label="H100 / H200"),
 }
 DEFAULT_ARCH = "sm_90"
+# Arch-specific targets -> the GPU arch their code runs on (and nowhere else).
+ARCH_SPECIFIC = {"sm_90a": "sm_90"}
+TARGETS = [*ARCHS, *ARCH_SPECIFIC]
+
+
+def gpu_arch(target: str) -> str:
+    """'sm_90a' -> 'sm_90' (the GPUs that run it); an arch is its own."""
+    return ARCH_SPECIFIC.get(target, target)
+
+
+def limits(target: str) -> ArchLimits:
+    return ARCHS[gpu_arch(target)]
 
 
 def parse_arch(text: str) -> str:
     arch = text.strip().lower()
-    if re.fullmatch(r"\d+", arch):
+    if re.fullmatch(r"\d+a?", arch):
         arch = f"sm_{arch}"
-    if arch not in ARCHS:
-        raise FlashcoreError(f"unknown arch '{text}' (known: {', '.join(ARCHS)})")
+    if arch not in TARGETS:
+        raise FlashcoreError(f"unknown arch '{text}' (known: {', '.join(TARGETS)})")
     return arch
 
 
@@ -69,5 +86,5 @@ def default_arch() -> str:
 
 
 def arch_number(arch: str) -> str:
-    """'sm_90' -> '90'."""
+    """'sm_90' -> '90', 'sm_90a' -> '90a'."""
     return arch.split("_", 1)[1]

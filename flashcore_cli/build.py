@@ -80,9 +80,16 @@ def build_variant(
     verbose: bool = False,
     extra_defines: dict[str, str] | None = None,
 ) -> BuildResult:
-    """Build (or load from the cache) one variant for one arch and import its module."""
+    """Build (or load from the cache) one variant for one arch and import its module. A variant that lists
+    an arch-specific target (archs: [sm_90a]) is compiled for it on its GPU (sm_90 -> sm_90a)."""
     import torch  # noqa: F401  (the extension links against torch's libraries: load them first)
 
+    from flashcore_cli.errors import FlashcoreEnvironmentError
+
+    target = variant.target_arch(arch)
+    if target is None:
+        raise FlashcoreEnvironmentError(f"{variant.name} runs on {variant.runs_on()} only; this GPU is {arch}")
+    arch = target
     key = cache_key(variant, arch, for_build=True, extra_defines=extra_defines)
     directory = build_dir(variant, key)
     name = module_name(variant, key)

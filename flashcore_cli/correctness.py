@@ -1,7 +1,7 @@
 """`flashcore test`: every variant in its own worker process, every case classified.
 
-Statuses: OK, MISMATCH, TIMEOUT, CRASH, BUILD-FAIL, SKIP (a shape the variant does not support, with the
-reason), NOT-RUN (cases after a TIMEOUT or CRASH, whose process is gone).
+Statuses: OK, MISMATCH, TIMEOUT, CRASH, BUILD-FAIL, SKIP (a shape the variant does not support, or a GPU it
+does not run on, with the reason), NOT-RUN (cases after a TIMEOUT or CRASH, whose process is gone).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def run_variant(
 ) -> VariantOutcome:
     runnable, outcomes = [], {}
     for case in cases:
-        reason = variant.unsupported_reason(case.shape.head_dim, case.causal)
+        reason = variant.unsupported_reason(case.shape.head_dim, case.causal, arch)
         if reason:
             outcomes[case] = CaseOutcome(case, "SKIP", detail=reason)
         else:

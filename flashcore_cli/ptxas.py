@@ -4,6 +4,9 @@ Each variant is compiled with plain nvcc into a small host program (the variant'
 ptxas reports every __global__ kernel; running the program — host code only, no CUDA call — prints what
 the launcher asks for at each head dim (threads, dynamic shared memory) through flashcore_plan. The two
 joined give the CTAs per SM each kernel allows on the arch.
+
+A variant that lists its archs (archs: [sm_90a]) is compiled for the target it lists for an asked arch
+(sm_90 -> sm_90a), and reported as not built for an arch it does not run on.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flashcore_cli.archs import ARCHS, ArchLimits
+from flashcore_cli.archs import ArchLimits, limits
 from flashcore_cli.cache import cache_key, cache_root
 from flashcore_cli.errors import FlashcoreError
 from flashcore_cli.registry import Variant
@@ -88,6 +91,7 @@ class VariantReport:
     kernels: list[KernelResources] = field(default_factory=list)
     compile_seconds: float = 0.0
     error: str = ""
+    not_built: str = ""  # why the variant is not built for this arch (its registry archs exclude it)
 
     def as_dict(self) -> dict:
         return {
@@ -95,6 +99,7 @@ class VariantReport:
             "arch": self.arch,
             "compile_seconds": round(self.compile_seconds, 2),
             "error": self.error,
+            "not_built": self.not_built,
             "kernels": [asdict(k) | {"spills": k.spills} for k in self.kernels],
         }
 
@@ -152,14 +157,16 @@ def _join_plans(kernels: list[KernelResources], plans: list[tuple[int, str, int,
         for head_dim, name, threads, dyn in plans:
             if name in k.kernel:
                 k.head_dim, k.threads, k.dynamic_smem = head_dim, threads, dyn
-                k.ctas_per_sm, k.limiter = occupancy(k, ARCHS[arch])
+                k.ctas_per_sm, k.limiter = occupancy(k, limits(arch))
                 break
 
 
 def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | None = None) -> VariantReport:
-    """ptxas -v and flashcore_plan for one variant on one arch (cached by content key)."""
+    """ptxas -v and flashcore_plan for one variant on one arch, or the arch-specific target it lists for that
+    arch (cached by content key)."""
     import time
 
+    arch = variant.build_target(arch)
     key = cache_key(variant, arch, for_build=False, extra_defines=extra_defines)
     cached = cache_root() / "ptxas" / f"{variant.name}-{arch}-{key}.json"
     if cached.is_file():
@@ -220,11 +227,22 @@ def report_all(variants: list[Variant], archs: list[str], on_done=None) -> list[
     """Compile every (variant, arch) in parallel; results in registry order."""
     import os
 
-    jobs = [(v, a) for v in variants for a in archs]
-    if not jobs:
-        return []
-    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    rows: list[tuple[Variant, str, bool]] = []  # (variant, what to compile for, whether it is built there)
+    for v in variants:
+        for a in archs:
+            target = v.target_arch(a)
+            if not any(r[0].name == v.name and r[1] == (target or a) for r in rows):  # sm_90,sm_90a: one sm_90a
+                rows.append((v, target or a, target is not None))
+    jobs = [(v, target) for v, target, built in rows if built]
     results: dict[tuple[str, str], VariantReport] = {}
+    for v, arch, built in rows:
+        if not built:
+            results[(v.name, arch)] = VariantReport(v.name, arch, not_built=f"{v.name} runs on {v.runs_on()} only")
+            if on_done:
+                on_done(results[(v.name, arch)])
+    if not jobs:
+        return [results[(v.name, a)] for v, a, _ in rows]
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(compile_probe, v, a): (v.name, a) for v, a in jobs}
         for fut in as_completed(futures):
@@ -237,4 +255,4 @@ def report_all(variants: list[Variant], archs: list[str], on_done=None) -> list[
                 results[(name, arch)] = VariantReport(name, arch, error=f"{type(exc).__name__}: {exc}")
             if on_done:
                 on_done(results[(name, arch)])
-    return [results[(v.name, a)] for v, a in jobs]
+    return [results[(v.name, a)] for v, a, _ in rows]

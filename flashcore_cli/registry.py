@@ -3,6 +3,10 @@
 Every problem is reported as one FlashcoreError naming the file, the variant and the key, so a broken
 registry never surfaces as a traceback. Paths are relative to the registry file and must stay inside the
 project (the nearest ancestor holding pyproject.toml).
+
+Which registry, resolved as git finds its repository (resolve_registry): --registry, else
+$FLASHCORE_REGISTRY, else a variants.yaml in the current directory or one of its parents, else the
+installed project's.
 """
 
 from __future__ import annotations
@@ -14,16 +18,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flashcore_cli.archs import ARCH_SPECIFIC, TARGETS, gpu_arch
 from flashcore_cli.errors import FlashcoreError
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_REGISTRY = PACKAGE_ROOT / "variants.yaml"
+REGISTRY_FILE = "variants.yaml"
+DEFAULT_REGISTRY = PACKAGE_ROOT / REGISTRY_FILE
+REGISTRY_ENV = "FLASHCORE_REGISTRY"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SOURCE_SUFFIXES = {".cu", ".cuh", ".cpp", ".h"}
 _REQUIRED = {"name", "sources", "summary", "head_dims", "causal"}
-_OPTIONAL = {"aliases", "flags", "defines", "notes", "tune"}
+_OPTIONAL = {"aliases", "flags", "defines", "notes", "tune", "archs"}
 
 
 @dataclass(frozen=True)
@@ -47,13 +54,36 @@ class Variant:
     notes: str
     tune: TuneSpace
     root: Path  # the project root: kernels/ (flashcore.h, binding.cpp) lives here
+    archs: tuple[str, ...] = ()  # the targets it can be built and run for; empty: any
 
     @property
     def kernels_dir(self) -> Path:
         return self.root / "kernels"
 
-    def unsupported_reason(self, head_dim: int, causal: bool) -> str | None:
-        """Why this variant cannot run a case, or None when it can."""
+    def target_arch(self, arch: str) -> str | None:
+        """What to compile for when the GPU (or --arch) is `arch`: `arch` itself, or the arch-specific target
+        the variant lists for it (sm_90 -> sm_90a); None when the variant does not run there."""
+        if not self.archs or arch in self.archs:
+            return arch
+        for listed in self.archs:
+            if gpu_arch(listed) == gpu_arch(arch):
+                return listed if listed in ARCH_SPECIFIC else arch
+        return None
+
+    def runs_on(self) -> str:
+        return " and ".join(self.archs) if self.archs else "any arch"
+
+    def build_target(self, arch: str) -> str:
+        """target_arch, or one clear error where the variant cannot be built for `arch`."""
+        target = self.target_arch(arch)
+        if target is None:
+            raise FlashcoreError(f"{self.name} runs on {self.runs_on()} only; it is not built for {arch}")
+        return target
+
+    def unsupported_reason(self, head_dim: int, causal: bool, arch: str | None = None) -> str | None:
+        """Why this variant cannot run a case (on a GPU of `arch`, when given), or None when it can."""
+        if arch is not None and self.target_arch(arch) is None:
+            return f"{self.name} runs on {self.runs_on()} only; this GPU is {arch}"
         if head_dim not in self.head_dims:
             dims = ", ".join(str(d) for d in self.head_dims)
             return f"head dim {head_dim} is not supported by {self.name} (it supports {dims})"
@@ -96,11 +126,52 @@ class Registry:
         return chosen
 
 
+@dataclass(frozen=True)
+class RegistryChoice:
+    """The registry a command uses, and how it was found (for the one line that says so)."""
+
+    path: Path
+    source: str  # "--registry", "FLASHCORE_REGISTRY", "the current directory", "installed"
+
+    @property
+    def is_installed(self) -> bool:
+        return _same_file(self.path, DEFAULT_REGISTRY)
+
+
+def resolve_registry(explicit: str | os.PathLike | None = None, cwd: Path | None = None) -> RegistryChoice:
+    """--registry (a file, or a folder holding variants.yaml), else $FLASHCORE_REGISTRY, else a variants.yaml
+    in the current directory or one of its parents, else the installed project's."""
+    if explicit is not None:
+        if not str(explicit).strip():
+            raise FlashcoreError("--registry is empty: give a registry file (variants.yaml) or the folder holding one")
+        return RegistryChoice(_registry_file(explicit), "--registry")
+    env = os.environ.get(REGISTRY_ENV, "").strip()
+    if env:
+        return RegistryChoice(_registry_file(env), REGISTRY_ENV)
+    try:
+        start = (cwd or Path.cwd()).resolve()
+    except OSError:  # the current directory was removed
+        start = None
+    for folder in [start, *start.parents] if start else []:
+        if (folder / REGISTRY_FILE).is_file():
+            return RegistryChoice(folder / REGISTRY_FILE, "the current directory")
+    return RegistryChoice(DEFAULT_REGISTRY, "installed")
+
+
 def registry_path(explicit: str | os.PathLike | None = None) -> Path:
-    if explicit:
-        return Path(explicit)
-    env = os.environ.get("FLASHCORE_REGISTRY")
-    return Path(env) if env else DEFAULT_REGISTRY
+    return resolve_registry(explicit).path
+
+
+def _registry_file(given: str | os.PathLike) -> Path:
+    path = Path(given).expanduser()
+    return path / REGISTRY_FILE if path.is_dir() else path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 def project_root(start: Path) -> Path:
@@ -117,9 +188,13 @@ def load_registry(path: str | os.PathLike | None = None) -> Registry:
     if not path.is_file():
         raise FlashcoreError(f"{path}: registry file not found")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise FlashcoreError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); save the registry as UTF-8") from None
+    except OSError as exc:
+        raise FlashcoreError(f"{path}: cannot read the registry ({exc.strerror or exc})") from None
     except yaml.YAMLError as exc:
-        raise FlashcoreError(f"{path}: not valid YAML: {exc}") from None
+        raise FlashcoreError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     root = project_root(path.parent)
     if not isinstance(data, dict) or set(data) != {"variants"}:
         keys = sorted(data) if isinstance(data, dict) else type(data).__name__
@@ -216,6 +291,7 @@ def _parse_variant(path: Path, root: Path, index: int, entry: Any) -> Variant:
     if not isinstance(notes, str):
         raise fail("notes", "must be a string")
 
+    archs = _parse_archs(entry.get("archs"), fail)
     tune = _parse_tune(entry.get("tune"), fail)
     return Variant(
         name=name,
@@ -229,7 +305,23 @@ def _parse_variant(path: Path, root: Path, index: int, entry: Any) -> Variant:
         notes=notes.strip(),
         tune=tune,
         root=root,
+        archs=archs,
     )
+
+
+def _parse_archs(raw: Any, fail) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not _is_list_of(raw, str) or not raw:
+        raise fail("archs", f"must be a non-empty list of archs, e.g. [sm_90a] (got {raw!r})")
+    for arch in raw:
+        if arch not in TARGETS:
+            close = difflib.get_close_matches(arch, TARGETS, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise fail("archs", f"unknown arch '{arch}' ({hint}known: {', '.join(TARGETS)})")
+    if len(set(raw)) != len(raw):
+        raise fail("archs", "lists an arch twice")
+    return tuple(raw)
 
 
 def _parse_tune(raw: Any, fail) -> TuneSpace:

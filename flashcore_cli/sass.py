@@ -6,6 +6,9 @@ Per kernel the mix counts what tells the story of an attention kernel: tensor-co
 Hopper), shared->register matrix loads (LDSM), asynchronous global->shared copies (LDGSTS; UTMALDG/UBLKCP
 for TMA), global loads and stores by width (LDG/STG: 128-bit is what a tuned kernel uses), local memory
 (LDL/STL: spills or dynamically indexed arrays) and barriers (BAR).
+
+A variant that lists an arch-specific target (archs: [sm_90a]) is compiled for it: `flashcore sass v12`
+with no GPU (sm_90) disassembles its sm_90a code.
 """
 
 from __future__ import annotations
@@ -113,7 +116,9 @@ def disassemble(cuobjdump: Path, cubin: Path) -> str:
 
 
 def variant_sass(variant: Variant, arch: str) -> tuple[str, list[KernelSass]]:
-    """The whole SASS listing of a variant for one arch, and its kernels' instruction counts."""
+    """The whole SASS listing of a variant for one arch (or the arch-specific target it lists for it), and its
+    kernels' instruction counts."""
+    arch = variant.build_target(arch)
     cuobjdump = require("cuobjdump", "`flashcore sass`")
     listings = []
     with tempfile.TemporaryDirectory(prefix="flashcore-sass-") as tmp:
@@ -133,7 +138,7 @@ def run_sass(registry_path, name: str, arch_text: str | None, out: str | None) -
     from flashcore_cli.registry import load_registry
 
     variant = load_registry(registry_path).get(name)
-    arch = parse_arch(arch_text) if arch_text else parse_archs(None)[0]
+    arch = variant.build_target(parse_arch(arch_text) if arch_text else parse_archs(None)[0])
     with console.status(f"nvcc -cubin {variant.name} for {arch}, cuobjdump -sass"):
         text, kernels = variant_sass(variant, arch)
     if not kernels:

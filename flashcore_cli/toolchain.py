@@ -61,8 +61,22 @@ def define_flags(defines: dict[str, str]) -> list[str]:
 
 
 def gencode(arch: str) -> str:
+    """'sm_90' -> -gencode=arch=compute_90,code=sm_90; an arch-specific 'sm_90a' -> compute_90a / sm_90a."""
     n = arch.split("_", 1)[1]
     return f"-gencode=arch=compute_{n},code=sm_{n}"
+
+
+def cpu_torch_problem() -> str | None:
+    """Why torch cannot build or run a variant here, when it is a CPU build (torch's own error for that
+    names CUDA_HOME, which is not the cause); None for a CUDA build."""
+    import torch
+
+    if torch.version.cuda is not None:
+        return None
+    return (
+        f"this torch ({torch.__version__}) is a CPU build, and flashcore variants link against PyTorch's CUDA "
+        "libraries: install a CUDA build of torch (`flashcore ptxas` and `flashcore sass` compile kernels without torch)"
+    )
 
 
 def demangle(names: list[str]) -> dict[str, str]:

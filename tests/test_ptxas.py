@@ -59,6 +59,9 @@ def test_every_registered_kernel_compiles_for_the_l4_and_hopper_without_spills(t
     record = json.loads(out.read_text())
     for report in record["reports"]:
         assert not report["error"], report
+        if report["not_built"]:  # a variant whose registry archs exclude this arch (v12: sm_90a only)
+            assert report["arch"] == "sm_89" and not report["kernels"], report
+            continue
         assert report["kernels"], f"{report['variant']} has no kernels"
         for k in report["kernels"]:
             assert k["spills"] == 0, k
