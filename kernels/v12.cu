@@ -5,18 +5,19 @@
 
 
 
-constexpr int kConsumers = 2;                             // consumer warpgroups, 64 query rows each
-constexpr int kBlockM = 64 * kConsumers;                  // Br: query rows per CTA
-constexpr int kThreads = fc::kWarpgroupThreads * (1 + kConsumers);  // + the producer warpgroup
-constexpr int kStages = 2;                                // K and V tiles in flight, each
-constexpr int kProducerRegs = 24;                         // setmaxnreg: what the producer keeps ...
-constexpr int kConsumerRegs = 240;                        // ... and what each consumer grows to
-constexpr int kSchedBarrier = 1;                          // named barriers 1, 2: the consumers' GEMM turns
-constexpr int kEpilogueBarrier = 3;                       // named barriers 3, 4: a consumer's own 128 threads
-static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536, "register file");
+constexpr int kStages = 2;        // K and V tiles in flight, each
+constexpr int kSchedBarrier = 1;  // named barriers 1 .. kConsumers: the consumers' GEMM turns; then one per consumer
 
-template <int kHeadDim, int kBlockN>
+template <int kHeadDim, int kBlockN, int kConsumers_>
 struct Config {
+  static constexpr int kConsumers = kConsumers_;                           // consumer warpgroups, 64 rows each
+  static constexpr int kBlockM = 64 * kConsumers;                          // Br: query rows per CTA
+  static constexpr int kThreads = fc::kWarpgroupThreads * (1 + kConsumers);  // + the producer warpgroup
+  // setmaxnreg: what the producer keeps and what each consumer grows to (the register file is 64 K).
+  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536, "register file");
+  static constexpr int kEpilogueBarrier = kSchedBarrier + kConsumers;
   static constexpr int kPanels = kHeadDim / 64;           // 128-byte panels of 64 columns per row
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or V tile
@@ -47,16 +48,16 @@ struct RowState {
 
 // P = exp2(S * c - m) for one score tile in place, with the mask applied first where the tile needs it;
 // returns each row's rescale factor exp2(m_old - m_new) and updates m and l.
-template <int kBlockN>
+template <int kBlockN, bool kMask>
 __device__ __forceinline__ void online_softmax(float (&s)[kBlockN / 2], RowState& st, float (&alpha)[2], float c,
-                                               bool mask, int row0, int col0, int seq_len, bool causal) {
+                                               int row0, int col0, int seq_len, bool causal) {
   // S * c, masked to -inf outside the sequence and (causal) right of the diagonal
 #pragma unroll
   for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float x = s[4 * j + e] * c;
-      if (mask) {
+      if (kMask) {
         const int col = col0 + 8 * j + 2 * (threadIdx.x % 4) + (e & 1);
         const int row = row0 + (e >> 1) * 8;
         if (col >= seq_len || (causal && col > row)) x = -INFINITY;
@@ -105,7 +106,7 @@ __device__ __forceinline__ void pack_p(const float (&s)[kBlockN / 2], uint32_t (
 
 // S = Q_i K_j^T for this warpgroup's 64 rows: kHeadDim / 16 k-steps, both operands K-major in 128-byte
 // panels (a k-step moves 32 bytes along the row; every 4 steps the next panel).
-template <int kHeadDim, int kBlockN>
+template <int kHeadDim, int kBlockN, int kBlockM>
 __device__ __forceinline__ void gemm_qk(float (&s)[kBlockN / 2], const __half* q_rows, const __half* k_tile) {
   fc::wgmma_fence();
 #pragma unroll
@@ -137,9 +138,11 @@ __device__ __forceinline__ void release(uint64_t* bar) {
   if (threadIdx.x % 32 == 0) fc::mbarrier_arrive(bar);
 }
 
-template <int kHeadDim, int kBlockN>
-__global__ void __launch_bounds__(kThreads, 1) v12_fwd(const FlashcoreParams p, const __grid_constant__ Maps maps) {
-  using Cfg = Config<kHeadDim, kBlockN>;
+template <int kHeadDim, int kBlockN, int kConsumers>
+__global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThreads, 1)
+    v12_fwd(const FlashcoreParams p, const __grid_constant__ Maps maps) {
+  using Cfg = Config<kHeadDim, kBlockN, kConsumers>;
+  constexpr int kBlockM = Cfg::kBlockM;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   __half* q_tile = reinterpret_cast<__half*>(smem + Cfg::kQOffset);
@@ -169,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, 1) v12_fwd(const FlashcoreParams p, 
 
   if (warpgroup == 0) {
     // ---- producer: one thread streams Q_i once, then K_j and V_j through the ring ----
-    fc::setmaxnreg_dec<kProducerRegs>();
+    fc::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) {
       fc::tma_prefetch_descriptor(&maps.q);
       fc::tma_prefetch_descriptor(&maps.k);
@@ -192,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, 1) v12_fwd(const FlashcoreParams p, 
   }
 
   // ---- consumers: warpgroup g owns query rows 64g .. 64g + 63 of the tile ----
-  fc::setmaxnreg_inc<kConsumerRegs>();
+  fc::setmaxnreg_inc<Cfg::kConsumerRegs>();
   const int g = warpgroup - 1;
   const int tid = threadIdx.x % fc::kWarpgroupThreads;
   const int row0 = m_block * kBlockM + 64 * g + 16 * (tid / 32) + (tid % 32) / 4;  // and row0 + 8
@@ -213,22 +216,31 @@ __global__ void __launch_bounds__(kThreads, 1) v12_fwd(const FlashcoreParams p, 
     const int last_col = (n + 1) * kBlockN - 1;
     return last_col >= p.seq_len || (p.causal && last_col > first_row);
   };
+  // Two copies of the softmax, so that the tiles that need no mask (all but the last one or two) run
+  // none of its index arithmetic: predicated off, it still took issue slots (ncu: ALU the busiest pipe).
+  auto softmax = [&](int n) {
+    if (needs_mask(n)) {
+      online_softmax<kBlockN, true>(s, st, alpha, c, row0, n * kBlockN, p.seq_len, p.causal);
+    } else {
+      online_softmax<kBlockN, false>(s, st, alpha, c, row0, n * kBlockN, p.seq_len, p.causal);
+    }
+  };
 
   // Ping-pong: the consumers take turns issuing GEMMs (named barriers my_turn / next_turn), so one's
   // softmax runs while the other's GEMMs do. Consumer 1 lets consumer 0 go first.
-  if (g == 1) fc::named_barrier_arrive(kSchedBarrier, 2 * fc::kWarpgroupThreads);
+  if (g == kConsumers - 1) fc::named_barrier_arrive(kSchedBarrier, 2 * fc::kWarpgroupThreads);
 
   fc::mbarrier_wait_parity(&bars.q_full, 0);
   // Tile 0: S = Q_i K_0^T, then its softmax.
   fc::mbarrier_wait_parity(&bars.k_full[0], 0);
   fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
-  gemm_qk<kHeadDim, kBlockN>(s, q_rows, k_tiles);
+  gemm_qk<kHeadDim, kBlockN, kBlockM>(s, q_rows, k_tiles);
   fc::wgmma_fence_operands(s);
   fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);
   fc::wgmma_wait<0>();
   fc::wgmma_fence_operands(s);
   release(&bars.k_empty[0]);
-  online_softmax<kBlockN>(s, st, alpha, c, needs_mask(0), row0, 0, p.seq_len, p.causal);
+  softmax(0);
   pack_p<kBlockN>(s, pa);
 
   for (int n = 1; n < num_n; ++n) {
@@ -236,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1) v12_fwd(const FlashcoreParams p, 
     // Issue S_next = Q_i K_n^T, then O += P V_{n-1}; the softmax of S_next overlaps P V_{n-1}.
     fc::mbarrier_wait_parity(&bars.k_full[sk], (n / kStages) & 1);
     fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
-    gemm_qk<kHeadDim, kBlockN>(s, q_rows, k_tiles + sk * (Cfg::kKVBytes / 2));
+    gemm_qk<kHeadDim, kBlockN, kBlockM>(s, q_rows, k_tiles + sk * (Cfg::kKVBytes / 2));
     fc::wgmma_fence_operands(s);
     fc::mbarrier_wait_parity(&bars.v_full[sv], ((n - 1) / kStages) & 1);
     gemm_pv<kHeadDim, kBlockN>(o, pa, v_tiles + sv * (Cfg::kKVBytes / 2));
@@ -245,7 +257,7 @@ __global__ void __launch_bounds__(kThreads, 1) v12_fwd(const FlashcoreParams p, 
     fc::wgmma_wait<1>();  // S_next has landed; P V may still run
     fc::wgmma_fence_operands(s);
     release(&bars.k_empty[sk]);
-    online_softmax<kBlockN>(s, st, alpha, c, needs_mask(n), row0, n * kBlockN, p.seq_len, p.causal);
+    softmax(n);
     fc::wgmma_wait<0>();  // P V_{n-1} done: P and V_{n-1}'s slot are free
     fc::wgmma_fence_operands(o);
     fc::wgmma_fence_operands(pa);  // the wgmma read pa until here: keep its registers from being reused
@@ -295,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, 1) v12_fwd(const FlashcoreParams p, 
     }
   }
   fc::fence_proxy_async_shared();
-  fc::named_barrier_sync(kEpilogueBarrier + g, fc::kWarpgroupThreads);
+  fc::named_barrier_sync(Cfg::kEpilogueBarrier + g, fc::kWarpgroupThreads);
   if (tid == 0 && first_row < p.seq_len) {
 #pragma unroll
     for (int panel = 0; panel < Cfg::kPanels; ++panel) {
@@ -306,10 +318,11 @@ __global__ void __launch_bounds__(kThreads, 1) v12_fwd(const FlashcoreParams p, 
   }
 }
 
-template <int kHeadDim, int kBlockN>
+template <int kHeadDim, int kBlockN, int kConsumers>
 const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
-  using Cfg = Config<kHeadDim, kBlockN>;
-  const auto kernel = v12_fwd<kHeadDim, kBlockN>;
+  using Cfg = Config<kHeadDim, kBlockN, kConsumers>;
+  constexpr int kBlockM = Cfg::kBlockM;
+  const auto kernel = v12_fwd<kHeadDim, kBlockN, kConsumers>;
   if (const char* err = fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes)) return err;
   const int bh = p.batch * p.heads;
   Maps maps;
@@ -320,28 +333,43 @@ const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
     return fc::message("v12: the driver refused a TMA tensor map (is the driver new enough, the tensor 16-byte aligned?)");
   }
   const dim3 grid(fc::ceil_div(p.seq_len, kBlockM), bh);
-  kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
   return fc::launch_status();
 }
 
-constexpr int kBlockN64 = 128;   // keys per tile at D = 64
-constexpr int kBlockN128 = 128;  // keys per tile at D = 128
+// Tiles per head dim (registry `tune:` parameters): keys per tile and consumer warpgroups.
+#ifndef V12_D64_BLOCK_N
+#define V12_D64_BLOCK_N 128
+#endif
+#ifndef V12_D64_CONSUMERS
+#define V12_D64_CONSUMERS 2
+#endif
+#ifndef V12_D128_BLOCK_N
+#define V12_D128_BLOCK_N 128
+#endif
+using Cfg64 = Config<64, V12_D64_BLOCK_N, V12_D64_CONSUMERS>;
+using Cfg128 = Config<128, V12_D128_BLOCK_N, 2>;
 
-
+#define V12_STR2(x) #x
+#define V12_STR(x) V12_STR2(x)
 
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
   if (max_plans < 1) return 0;
-  if (head_dim == 64) plans[0] = {"v12_fwd<64, 128>", kThreads, Config<64, kBlockN64>::kSmemBytes};
-  else if (head_dim == 128) plans[0] = {"v12_fwd<128, 128>", kThreads, Config<128, kBlockN128>::kSmemBytes};
-  else return 0;
+  if (head_dim == 64) {
+    plans[0] = {"v12_fwd<64, " V12_STR(V12_D64_BLOCK_N) ", " V12_STR(V12_D64_CONSUMERS) ">", Cfg64::kThreads, Cfg64::kSmemBytes};
+  } else if (head_dim == 128) {
+    plans[0] = {"v12_fwd<128, " V12_STR(V12_D128_BLOCK_N) ", 2>", Cfg128::kThreads, Cfg128::kSmemBytes};
+  } else {
+    return 0;
+  }
   return 1;
 }
 
 const char* flashcore_forward(const FlashcoreParams& p, cudaStream_t stream) {
   if (!(p.scale > 0.f)) return fc::message("v12 needs a positive softmax scale (got %g)", p.scale);
   switch (p.head_dim) {
-    case 64: return launch<64, kBlockN64>(p, stream);
-    case 128: return launch<128, kBlockN128>(p, stream);
+    case 64: return launch<64, V12_D64_BLOCK_N, V12_D64_CONSUMERS>(p, stream);
+    case 128: return launch<128, V12_D128_BLOCK_N, 2>(p, stream);
     default: return fc::unsupported_head_dim(p.head_dim);
   }
 }
