@@ -96,11 +96,12 @@ def register(app, handle_errors) -> None:
         b: Annotated[str, typer.Argument(help="the later run's record", show_default=False)],
         *,
         threshold: Annotated[float, typer.Option("--threshold", help="slower by more than this fraction (and beyond the spread) fails")] = 0.05,
+        mode: Annotated[Optional[str], typer.Option("--mode", help="the mode to compare when a record holds several (cold, graph, host)")] = None,
     ) -> int:
-        """Faster / slower / same per row of two run records; exit 1 on a regression (for CI)."""
+        """Faster / slower / same per row of two run records (of the same mode); exit 1 on a regression (for CI)."""
         from flashcore_cli.compare import run_compare
 
-        return run_compare(a, b, threshold)
+        return run_compare(a, b, threshold, mode)
 
     @app.command()
     @handle_errors

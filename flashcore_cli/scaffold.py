@@ -5,12 +5,17 @@ written: idea, change from the previous rung, ptxas, measured), with its __globa
 (v8_fwd -> NAME_fwd, everywhere in the file, so flashcore_plan's kernel name strings follow), so that the
 copy's kernels are told apart from the original's in ptxas, sass and ncu output. A registry entry is
 appended to variants.yaml as text, so the file's comments and layout stay as they are.
+
+Both files go next to the registry the command resolved (--registry, $FLASHCORE_REGISTRY, a variants.yaml
+in the current folder or a parent, the installed one): run in a copy of the project, `new` writes into the
+copy. The "next:" hint it prints names --registry when the registry would not be found from here.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 from pathlib import Path
 
 from flashcore_cli.errors import FlashcoreError
@@ -171,11 +176,27 @@ def scaffold(registry_path, name: str, source_name: str) -> tuple[Path, Path, di
     return target, reg.path, renames
 
 
+def registry_flag(registry: Path, cwd: Path | None = None) -> str:
+    """'' when a command run from `cwd` finds `registry` by itself; else the --registry option that names it
+    (relative to cwd when inside it), so a printed command works as printed."""
+    from flashcore_cli.registry import resolve_registry
+
+    cwd = (cwd or Path.cwd()).resolve()
+    registry = registry.resolve()
+    if resolve_registry(None, cwd=cwd).path.resolve() == registry:
+        return ""
+    shown = os.path.relpath(registry, cwd) if registry.is_relative_to(cwd) else str(registry)
+    return f"--registry {shlex.quote(shown)} "
+
+
 def run_new(registry_path, name: str, source_name: str) -> int:
+    from rich.markup import escape
+
     from flashcore_cli.commands import console
 
     target, registry, renames = scaffold(registry_path, name, source_name)
-    console.print(f"created {target} (a copy of {source_name}: {', '.join(f'{k} -> {v}' for k, v in renames.items())})")
-    console.print(f"registered '{name}' in {registry}")
-    console.print(f"next: write its header, then `flashcore ptxas {name}` and `flashcore test {name}`")
+    console.print(f"wrote {escape(str(target))} (a copy of {source_name}: {', '.join(f'{k} -> {v}' for k, v in renames.items())})", highlight=False, soft_wrap=True)
+    console.print(f"wrote {escape(str(registry))} (appended the entry '{name}')", highlight=False, soft_wrap=True)
+    flashcore = f"flashcore {registry_flag(registry)}"
+    console.print(f"next: write its header, then `{escape(flashcore)}ptxas {name}` and `{escape(flashcore)}test {name}`", highlight=False, soft_wrap=True)
     return 0

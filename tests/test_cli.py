@@ -8,7 +8,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from conftest import FIXTURES, REPO, cells, said
+from conftest import FIXTURES, REPO
 from flashcore_cli.cli import app
 
 runner = CliRunner()
@@ -18,23 +18,23 @@ def invoke(*args):
     return runner.invoke(app, list(args))
 
 
-def test_list_prints_the_registry(table_rows):
+def test_list_prints_the_registry():
     result = invoke("list")
     assert result.exit_code == 0, result.output
-    assert "baseline" in [row["name"] for row in table_rows] and "head dims" in table_rows[0]
+    assert "baseline" in result.output and "head dims" in result.output
 
 
 def test_unknown_variant_is_exit_2_with_a_suggestion_and_no_traceback():
     result = invoke("ptxas", "basline")
     assert result.exit_code == 2
-    assert "did you mean baseline" in said(result)
+    assert "did you mean baseline" in result.output
     assert "Traceback" not in result.output
 
 
 def test_broken_registry_is_exit_2():
     result = invoke("--registry", str(FIXTURES / "registries" / "unknown_key.yaml"), "list")
     assert result.exit_code == 2
-    assert "key 'head_dim'" in said(result)
+    assert "key 'head_dim'" in result.output
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_broken_registry_is_exit_2():
 def test_bad_input_is_exit_2(args, needle):
     result = invoke(*args)
     assert result.exit_code == 2, result.output
-    assert needle in said(result)
+    assert needle in result.output
     assert "Traceback" not in result.output
 
 
@@ -67,11 +67,11 @@ def test_help_is_fast_and_does_not_import_torch():
     assert elapsed < 2.0  # the budget is 0.5 s on a quiet machine; CI runners are shared, so only gross regressions fail
 
 
-def test_ptxas_json_for_baseline(tmp_path, nvcc, fresh_cache, table_rows):
+def test_ptxas_json_for_baseline(tmp_path, nvcc, fresh_cache):
     out = tmp_path / "ptxas.json"
     result = invoke("ptxas", "baseline", "--arch", "sm_89,sm_90", "--json", str(out), "--fail-on-spill")
     assert result.exit_code == 0, result.output
-    assert {(row["kernel"], row["arch"]) for row in table_rows} >= {("baseline_fwd<64>", "sm_89"), ("baseline_fwd<64>", "sm_90")}
+    assert "baseline_fwd<64>" in result.output and "sm_89" in result.output and "sm_90" in result.output
     record = json.loads(out.read_text())
     kernels = [k for r in record["reports"] for k in r["kernels"]]
     assert {k["arch"] for k in kernels} == {"sm_89", "sm_90"}
@@ -79,7 +79,7 @@ def test_ptxas_json_for_baseline(tmp_path, nvcc, fresh_cache, table_rows):
     assert all(k["spills"] == 0 for k in kernels)
 
 
-def test_compile_error_shows_the_compilers_first_lines(tmp_path, nvcc, fresh_cache, table_rows):
+def test_compile_error_shows_the_compilers_first_lines(tmp_path, nvcc, fresh_cache):
     (tmp_path / "pyproject.toml").write_text("")
     kernels = tmp_path / "kernels"
     kernels.mkdir()
@@ -90,5 +90,67 @@ def test_compile_error_shows_the_compilers_first_lines(tmp_path, nvcc, fresh_cac
     )
     result = invoke("--registry", str(tmp_path / "variants.yaml"), "ptxas", "broken")
     assert result.exit_code == 1
-    assert any("undeclared_thing" in cell and "error" in cell for cell in cells(table_rows))
+    assert "undeclared_thing" in result.output and "error" in result.output
     assert "Traceback" not in result.output
+
+
+def test_version_prints_the_package_version():
+    from importlib.metadata import version
+
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.output.strip() == f"flashcore {version('flashcore')}"
+
+
+# ---------------------------------------------------------------- which registry (as git finds its repository)
+def small_project(root, variant):
+    """A project folder with a one-variant registry (the fixture kernels stay where they are: sources must be
+    inside the project, so each project gets its own copy of fault.cu)."""
+    (root / "pyproject.toml").write_text("")
+    (root / "k.cu").write_text((FIXTURES / "kernels" / "fault.cu").read_text())
+    (root / "variants.yaml").write_text(
+        f"variants:\n  - name: {variant}\n    sources: [k.cu]\n    summary: s\n    head_dims: [64]\n    causal: true\n"
+    )
+    return root / "variants.yaml"
+
+
+@pytest.fixture
+def projects(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLASHCORE_REGISTRY", raising=False)
+    near = small_project(tmp_path / "near", "near_variant") if (tmp_path / "near").mkdir() is None else None
+    (tmp_path / "near" / "deep" / "er").mkdir(parents=True)
+    env = small_project((tmp_path / "env").resolve(), "env_variant") if (tmp_path / "env").mkdir() is None else None
+    flag = small_project(tmp_path / "flag", "flag_variant") if (tmp_path / "flag").mkdir() is None else None
+    (tmp_path / "nowhere").mkdir()
+    return {"near": near, "env": env, "flag": flag, "root": tmp_path}
+
+
+def listed(*args, env=None):
+    result = CliRunner(env={"COLUMNS": "200", **(env or {})}).invoke(app, [*args, "list"])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_registry_resolution_order(projects, monkeypatch):
+    from flashcore_cli.registry import DEFAULT_REGISTRY, resolve_registry
+
+    root = projects["root"]
+    monkeypatch.chdir(root / "near" / "deep" / "er")  # 3. a variants.yaml in a parent folder
+    assert resolve_registry().path.resolve() == projects["near"].resolve()
+    out = listed()
+    assert "near_variant" in out and f"registry: {projects['near'].resolve()} (found from the current directory)" in out
+    monkeypatch.setenv("FLASHCORE_REGISTRY", str(projects["env"]))  # 2. beats the current folder
+    out = listed()
+    assert "env_variant" in out and f"registry: {projects['env']} (from $FLASHCORE_REGISTRY)" in out
+    out = listed("--registry", str(projects["flag"].parent))  # 1. beats everything; a folder is enough
+    assert "flag_variant" in out and "(given by --registry)" in out
+    monkeypatch.delenv("FLASHCORE_REGISTRY")
+    monkeypatch.chdir(root / "nowhere")  # 4. the installed project's, and no line about it
+    assert resolve_registry().path == DEFAULT_REGISTRY
+    out = listed()
+    assert "baseline" in out and "registry:" not in out
+
+
+def test_a_missing_registry_is_one_line(projects, monkeypatch):
+    monkeypatch.setenv("FLASHCORE_REGISTRY", str(projects["root"] / "gone.yaml"))
+    result = CliRunner().invoke(app, ["list"])
+    assert result.exit_code == 2 and "registry file not found" in result.output and "Traceback" not in result.output

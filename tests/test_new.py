@@ -5,7 +5,7 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from conftest import REPO, cells
+from conftest import REPO
 from flashcore_cli.cli import app
 from flashcore_cli.registry import load_registry
 from flashcore_cli.scaffold import global_kernel_names, renamed, strip_header
@@ -55,7 +55,7 @@ def test_kernel_names_and_renames():
     assert strip_header("// story\n//\n\n#include <x>\n// kept\n") == "#include <x>\n// kept\n"
 
 
-def test_scaffold_compiles_and_keeps_the_registry_text(project, nvcc, fresh_cache, table_rows):
+def test_scaffold_compiles_and_keeps_the_registry_text(project, nvcc, fresh_cache):
     result = new(project, "mine", "--from", "baseline")
     assert result.exit_code == 0, result.output
     source = (project / "kernels" / "mine.cu").read_text()
@@ -67,7 +67,7 @@ def test_scaffold_compiles_and_keeps_the_registry_text(project, nvcc, fresh_cach
     assert load_registry(project / "variants.yaml").get("mine").sources == (project / "kernels" / "mine.cu",)
     result = runner.invoke(app, ["--registry", str(project / "variants.yaml"), "ptxas", "mine", "--arch", "sm_90", "--fail-on-spill"])
     assert result.exit_code == 0, result.output
-    assert {"mine_fwd<64>", "mine_fwd<128>"} <= set(cells(table_rows))
+    assert "mine_fwd<64>" in result.output and "mine_fwd<128>" in result.output
 
 
 def test_scaffold_carries_flags_defines_and_tune_block(project):
@@ -107,3 +107,44 @@ def test_scaffold_passes_flashcore_test_at_once(project, fresh_cache):
     assert new(project, "mine", "--from", "baseline").exit_code == 0
     result = runner.invoke(app, ["--registry", str(project / "variants.yaml"), "test", "mine", "--shapes", "1,2,97,64;2,1,128,128"])
     assert result.exit_code == 0, result.output
+
+
+# ---------------------------------------------------------------- new in a copy of the project
+def hinted_command(output: str) -> list[str]:
+    """The `flashcore ptxas ...` command of new's "next:" hint, as argv."""
+    import re
+    import shlex
+
+    (command,) = re.findall(r"`flashcore ([^`]*ptxas [^`]*)`", output)
+    return shlex.split(command)
+
+
+def test_new_in_a_copy_writes_into_the_copy_and_its_hint_works(project, monkeypatch, nvcc, fresh_cache):
+    monkeypatch.delenv("FLASHCORE_REGISTRY", raising=False)
+    installed = (REPO / "variants.yaml").read_text()
+    monkeypatch.chdir(project / "kernels")  # anywhere inside the copy: its variants.yaml is found from here
+    result = runner.invoke(app, ["new", "mine", "--from", "baseline"])
+    assert result.exit_code == 0, result.output
+    assert f"registry: {project / 'variants.yaml'} (found from the current directory)" in result.output
+    assert f"wrote {project / 'kernels' / 'mine.cu'}" in result.output
+    assert f"wrote {project / 'variants.yaml'} (appended the entry 'mine')" in result.output
+    assert (REPO / "variants.yaml").read_text() == installed and not (REPO / "kernels" / "mine.cu").exists()
+    argv = hinted_command(result.output)
+    assert argv == ["ptxas", "mine"]  # found from here: no --registry needed
+    hinted = runner.invoke(app, [*argv, "--arch", "sm_90"])
+    assert hinted.exit_code == 0, hinted.output
+    assert "mine_fwd<64>" in hinted.output
+
+
+def test_new_from_outside_the_copy_hints_with_the_registry(project, tmp_path_factory, monkeypatch, nvcc, fresh_cache):
+    monkeypatch.delenv("FLASHCORE_REGISTRY", raising=False)
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    monkeypatch.chdir(elsewhere)
+    result = runner.invoke(app, ["--registry", str(project), "new", "mine", "--from", "baseline"])
+    assert result.exit_code == 0, result.output
+    assert (project / "kernels" / "mine.cu").is_file()
+    argv = hinted_command(result.output)
+    assert argv == ["--registry", str(project / "variants.yaml"), "ptxas", "mine"]
+    hinted = runner.invoke(app, [*argv, "--arch", "sm_90"])
+    assert hinted.exit_code == 0, hinted.output
+    assert "mine_fwd<64>" in hinted.output
