@@ -18,11 +18,25 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "mbarrier.cuh"
 #include "primitives.cuh"
 
 namespace fc {
+
+// Whether this compile builds an sm_90+ target. nvcc defines __CUDA_ARCH_LIST__ alike in the host and the
+// device passes (unlike __CUDA_ARCH__), so host code can leave a TMA kernel unreferenced, and so unbuilt, in
+// an sm_89 compile: `if constexpr (fc::kBuildsSm90)` around its launch, `if (fc::kBuildsSm90)` in its plan.
+constexpr bool builds_sm90() {
+#ifdef __CUDA_ARCH_LIST__
+  for (const int arch : {__CUDA_ARCH_LIST__}) {
+    if (arch >= 900) return true;
+  }
+#endif
+  return false;
+}
+constexpr bool kBuildsSm90 = builds_sm90();
 
 // ---- loads: global -> this CTA's shared memory, completing on an mbarrier -------------------------------
 

@@ -21,11 +21,16 @@ struct Config {
   static constexpr int kPanels = kHeadDim / 64;           // 128-byte panels of 64 columns per row
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or V tile
-  // Shared memory: Q_i | K_j x kStages | V_j x kStages | mbarriers; tiles 1024-byte aligned (the swizzle atom).
+  // Each V slot is followed by a panel of ones, which P V reads as 8 more columns of V: those columns of O
+  // accumulate l = sum_j P_ij from the same fp16 P as the rest of O (so numerator and denominator agree
+  // exactly: one-hot and uniform rows come out exact), with no FADD for the row sum.
+  static constexpr int kVSlotBytes = kKVBytes + kBlockN * 128;
+  static constexpr int kOCols = kHeadDim + 8;             // O's columns in registers: D, then l (x 8)
+  // Shared memory: Q_i | K_j x kStages | (V_j, ones) x kStages | mbarriers; 1024-byte aligned (swizzle atom).
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
-  static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
+  static constexpr int kBarOffset = kVOffset + kStages * kVSlotBytes;
   static constexpr int kSmemBytes = kBarOffset + 8 * (1 + 4 * kStages) + 1024;  // + alignment slack
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles keep the 1024-byte swizzle alignment");
 };
@@ -42,49 +47,43 @@ struct Maps {
 
 // Row state of one thread: it owns rows r and r + 8 of its warp's 16 (see hopper.cuh's fragment layout).
 struct RowState {
-  float m[2];  // running max of S * scale * log2(e) per row
-  float l[2];  // running sum of P per row (this thread's columns only; quad-summed at the end)
+  float m[2];  // running max of S * scale * log2(e) per row (l lives in O's extra columns)
 };
 
 // P = exp2(S * c - m) for one score tile in place, with the mask applied first where the tile needs it;
-// returns each row's rescale factor exp2(m_old - m_new) and updates m and l.
+// returns each row's rescale factor exp2(m_old - m_new) and updates m. Needs c > 0 (max commutes).
 template <int kBlockN, bool kMask>
 __device__ __forceinline__ void online_softmax(float (&s)[kBlockN / 2], RowState& st, float (&alpha)[2], float c,
                                                int row0, int col0, int seq_len, bool causal) {
-  // S * c, masked to -inf outside the sequence and (causal) right of the diagonal
+  if (kMask) {  // -inf outside the sequence and (causal) right of the diagonal
 #pragma unroll
-  for (int j = 0; j < kBlockN / 8; ++j) {
+    for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float x = s[4 * j + e] * c;
-      if (kMask) {
+      for (int e = 0; e < 4; ++e) {
         const int col = col0 + 8 * j + 2 * (threadIdx.x % 4) + (e & 1);
         const int row = row0 + (e >> 1) * 8;
-        if (col >= seq_len || (causal && col > row)) x = -INFINITY;
+        if (col >= seq_len || (causal && col > row)) s[4 * j + e] = -INFINITY;
       }
-      s[4 * j + e] = x;
     }
   }
-  // m_new = max(m_old, rowmax(S * c)) over the quad that shares a row
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float mx = st.m[h];
+    // m_new = max(m_old, rowmax(S) * c) over the quad that shares a row
+    float mx = -INFINITY;
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-    mx = fc::group_max<4>(mx);
+    mx = fmaxf(st.m[h], fc::group_max<4>(mx) * c);
     // A row with nothing visible yet keeps m = -inf; subtract 0 then so that exp2 gives 0, not NaN.
     const float m_use = mx == -INFINITY ? 0.f : mx;
     alpha[h] = exp2f(st.m[h] - m_use);
     st.m[h] = mx;
-    float sum = 0.f;
+    // P = exp2(S * c - m), one FFMA each. At the row's max this leaves the rounding of m (up to 2^-24 |m|,
+    // 3e-4 at |S * c| ~ 1e4), a factor common to the whole row that cancels against l (same fp16 P).
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
-      // x - m is exact at the row's max (both are the same rounded product), so P_max is exactly 1.
-      s[4 * j + 2 * h] = exp2f(s[4 * j + 2 * h] - m_use);
-      s[4 * j + 2 * h + 1] = exp2f(s[4 * j + 2 * h + 1] - m_use);
-      sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
+      s[4 * j + 2 * h] = exp2f(fmaf(s[4 * j + 2 * h], c, -m_use));
+      s[4 * j + 2 * h + 1] = exp2f(fmaf(s[4 * j + 2 * h + 1], c, -m_use));
     }
-    st.l[h] = st.l[h] * alpha[h] + sum;
   }
 }
 
@@ -105,31 +104,27 @@ __device__ __forceinline__ void pack_p(const float (&s)[kBlockN / 2], uint32_t (
 }
 
 // S = Q_i K_j^T for this warpgroup's 64 rows: kHeadDim / 16 k-steps, both operands K-major in 128-byte
-// panels (a k-step moves 32 bytes along the row; every 4 steps the next panel).
+// panels (a k-step moves 32 bytes along the row; every 4 steps the next panel). Descriptors are built once
+// per tile base and stepped by adding the byte offset >> 4 to their start-address field.
 template <int kHeadDim, int kBlockN, int kBlockM>
-__device__ __forceinline__ void gemm_qk(float (&s)[kBlockN / 2], const __half* q_rows, const __half* k_tile) {
+__device__ __forceinline__ void gemm_qk(float (&s)[kBlockN / 2], uint64_t desc_q, uint64_t desc_k) {
   fc::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 16; ++kk) {
     const int panel = kk / 4, within = (kk % 4) * 32;
-    const char* a = reinterpret_cast<const char*>(q_rows) + panel * kBlockM * 128 + within;
-    const char* b = reinterpret_cast<const char*>(k_tile) + panel * kBlockN * 128 + within;
-    fc::wgmma_ss<kBlockN>(s, fc::wgmma_desc_sw128(a, 16, 1024), fc::wgmma_desc_sw128(b, 16, 1024), kk > 0);
+    fc::wgmma_ss<kBlockN>(s, desc_q + ((panel * kBlockM * 128 + within) >> 4),
+                          desc_k + ((panel * kBlockN * 128 + within) >> 4), kk > 0);
   }
   fc::wgmma_commit();
 }
 
 // O += P V_j: kBlockN / 16 k-steps over the keys; V is read transposed (N-major: its rows are keys, its
 // 64-column panels lie kBlockN * 128 bytes apart), 16 keys = 2048 bytes per step.
-template <int kHeadDim, int kBlockN>
-__device__ __forceinline__ void gemm_pv(float (&o)[kHeadDim / 2], const uint32_t (&pa)[kBlockN / 16][4],
-                                        const __half* v_tile) {
+template <int kOCols, int kBlockN>
+__device__ __forceinline__ void gemm_pv(float (&o)[kOCols / 2], const uint32_t (&pa)[kBlockN / 16][4], uint64_t desc_v) {
   fc::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    const char* b = reinterpret_cast<const char*>(v_tile) + kk * 2048;
-    fc::wgmma_rs<kHeadDim>(o, pa[kk], fc::wgmma_desc_sw128(b, kBlockN * 128, 1024), 1);
-  }
+  for (int kk = 0; kk < kBlockN / 16; ++kk) fc::wgmma_rs<kOCols>(o, pa[kk], desc_v + ((kk * 2048) >> 4), 1);
   fc::wgmma_commit();
 }
 
@@ -168,6 +163,15 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
     }
     fc::fence_mbarrier_init();
   }
+  // The ones panels after each V slot (fp16 1.0 = 0x3C00), written once; the tensor cores read them
+  // through the async proxy, hence the fence before the barrier.
+  for (int slot = 0; slot < kStages; ++slot) {
+    uint4* ones = reinterpret_cast<uint4*>(smem + Cfg::kVOffset + slot * Cfg::kVSlotBytes + Cfg::kKVBytes);
+    for (int i = threadIdx.x; i < kBlockN * 128 / 16; i += Cfg::kThreads) {
+      ones[i] = make_uint4(0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u);
+    }
+  }
+  fc::fence_proxy_async_shared();
   __syncthreads();
 
   if (warpgroup == 0) {
@@ -188,7 +192,7 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
         fc::tma_load_4d(k_tiles + s * (Cfg::kKVBytes / 2), &maps.k, 0, n * kBlockN, 0, bh, &bars.k_full[s]);
         fc::mbarrier_wait_parity(&bars.v_empty[s], lap ^ 1);
         fc::mbarrier_arrive_expect_bytes(&bars.v_full[s], Cfg::kKVBytes);
-        fc::tma_load_4d(v_tiles + s * (Cfg::kKVBytes / 2), &maps.v, 0, n * kBlockN, 0, bh, &bars.v_full[s]);
+        fc::tma_load_4d(v_tiles + s * (Cfg::kVSlotBytes / 2), &maps.v, 0, n * kBlockN, 0, bh, &bars.v_full[s]);
       }
     }
     return;
@@ -201,15 +205,20 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
   const int row0 = m_block * kBlockM + 64 * g + 16 * (tid / 32) + (tid % 32) / 4;  // and row0 + 8
   const int first_row = m_block * kBlockM + 64 * g;
   const float c = p.scale * 1.4426950408889634f;  // exp(x) = exp2(x * log2(e))
-  const __half* q_rows = q_tile + 64 * g * 64;     // panel 0, row 64g (each panel holds kBlockM rows)
+  // Descriptors: Q_i's rows of this warpgroup (panel 0, row 64g), and each ring slot's K_j and V_j.
+  const uint64_t desc_q = fc::wgmma_desc_sw128(q_tile + 64 * g * 64, 16, 1024);
+  const uint64_t desc_k0 = fc::wgmma_desc_sw128(k_tiles, 16, 1024);
+  const uint64_t desc_v0 = fc::wgmma_desc_sw128(v_tiles, kBlockN * 128, 1024);
+  constexpr uint64_t kKSlotStep = Cfg::kKVBytes >> 4;  // one ring slot further, in descriptor units
+  constexpr uint64_t kVSlotStep = Cfg::kVSlotBytes >> 4;
   const int my_turn = kSchedBarrier + g, next_turn = kSchedBarrier + (g + 1) % kConsumers;
 
-  float o[kHeadDim / 2];
+  float o[Cfg::kOCols / 2];  // O_i's fragment, then the l columns
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
+  for (int i = 0; i < Cfg::kOCols / 2; ++i) o[i] = 0.f;
   float s[kBlockN / 2];
   uint32_t pa[kBlockN / 16][4];
-  RowState st = {{-INFINITY, -INFINITY}, {0.f, 0.f}};
+  RowState st = {{-INFINITY, -INFINITY}};
   float alpha[2];
   // A tile needs the mask when it reaches past S or (causal) right of this warpgroup's first row.
   auto needs_mask = [&](int n) {
@@ -234,7 +243,7 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
   // Tile 0: S = Q_i K_0^T, then its softmax.
   fc::mbarrier_wait_parity(&bars.k_full[0], 0);
   fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
-  gemm_qk<kHeadDim, kBlockN, kBlockM>(s, q_rows, k_tiles);
+  gemm_qk<kHeadDim, kBlockN, kBlockM>(s, desc_q, desc_k0);
   fc::wgmma_fence_operands(s);
   fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);
   fc::wgmma_wait<0>();
@@ -248,10 +257,10 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
     // Issue S_next = Q_i K_n^T, then O += P V_{n-1}; the softmax of S_next overlaps P V_{n-1}.
     fc::mbarrier_wait_parity(&bars.k_full[sk], (n / kStages) & 1);
     fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
-    gemm_qk<kHeadDim, kBlockN, kBlockM>(s, q_rows, k_tiles + sk * (Cfg::kKVBytes / 2));
+    gemm_qk<kHeadDim, kBlockN, kBlockM>(s, desc_q, desc_k0 + sk * kKSlotStep);
     fc::wgmma_fence_operands(s);
     fc::mbarrier_wait_parity(&bars.v_full[sv], ((n - 1) / kStages) & 1);
-    gemm_pv<kHeadDim, kBlockN>(o, pa, v_tiles + sv * (Cfg::kKVBytes / 2));
+    gemm_pv<Cfg::kOCols, kBlockN>(o, pa, desc_v0 + sv * kVSlotStep);
     fc::wgmma_fence_operands(o);
     fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);
     fc::wgmma_wait<1>();  // S_next has landed; P V may still run
@@ -262,9 +271,9 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
     fc::wgmma_fence_operands(o);
     fc::wgmma_fence_operands(pa);  // the wgmma read pa until here: keep its registers from being reused
     release(&bars.v_empty[sv]);
-    // O = diag(alpha) O
+    // O = diag(alpha) O (l included)
 #pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
+    for (int j = 0; j < Cfg::kOCols / 8; ++j) {
       o[4 * j] *= alpha[0];
       o[4 * j + 1] *= alpha[0];
       o[4 * j + 2] *= alpha[1];
@@ -276,7 +285,7 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
   const int sv = (num_n - 1) % kStages;
   fc::mbarrier_wait_parity(&bars.v_full[sv], ((num_n - 1) / kStages) & 1);
   fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
-  gemm_pv<kHeadDim, kBlockN>(o, pa, v_tiles + sv * (Cfg::kKVBytes / 2));
+  gemm_pv<Cfg::kOCols, kBlockN>(o, pa, desc_v0 + sv * kVSlotStep);
   fc::wgmma_fence_operands(o);
   if (g + 1 < kConsumers) fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);  // the last turn passes none on
   fc::wgmma_wait<0>();
@@ -289,7 +298,7 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
   float inv_l[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float l = fc::group_sum<4>(st.l[h]);
+    const float l = o[4 * (kHeadDim / 8) + 2 * h];  // every lane holds its rows' l in the ones columns
     inv_l[h] = l > 0.f ? 1.f / l : 0.f;
   }
   unsigned char* rows_base = reinterpret_cast<unsigned char*>(q_tile) + 64 * g * 128;

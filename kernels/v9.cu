@@ -18,8 +18,7 @@
 //     16 rows per warp (64 per CTA). Grids smaller than the GPU (1,8,512,64 makes 32 CTAs of 128 rows for
 //     132 SMs): CTAs of 32 rows, and the warps pair up on 16 rows, each taking one half of every 64-key tile
 //     (32 of a 32-key tile at D=128), merging (m, l, O) at the end through two named barriers of the pair
-//     (bar.sync, 64 threads). That gives 128 CTAs, one warp per SM sub-partition, and
-//     halves every warp's serial chain of tiles, which is the latency of that shape;
+//     (bar.sync, 64 threads): 128 CTAs, one warp per SM sub-partition, each warp's chain of tiles halved;
 //   - where a warp is alone on its sub-partition (16-row warps), S of tile t + 1 goes to the tensor cores
 //     while the softmax of tile t runs; 32-row warps have no registers left for it (and have a neighbour).
 //
@@ -42,30 +41,17 @@
 //   - Thread 0 initialises the mbarriers before the kernel's one __syncthreads, which comes before the
 //     role split; no role's branch has a __syncthreads. The ring has one writer (the producer); Q_i is
 //     loaded and O_i stored by the warp that owns those rows, through its own scratch.
-// Checked on the CPU (not in the repo): a model of these barriers under random interleavings of the
-// producer, the copies' completions and the consumers (uneven causal tile counts, the pair barriers, 2-8
-// stages) never deadlocks, never reads a stage that does not hold its tile and never refills one still
-// held; dropping the producer's empty wait or shifting a parity is caught at once. A numpy emulation of
-// the kernel's index math and numerics (all four CTA shapes, causal or not, S = 1, 15-17, 31-33, 63-65,
-// 127-129, 255-257 and random lengths up to 400) writes every output element exactly once, reads global and
-// shared memory in bounds at WMMA-aligned addresses, and stays within fp16 output rounding of the reference.
-//
-// Rejected (by estimate; nothing here is measured yet): 16-row warps for large grids too (28 KB vs 20 KB of
-// shared-memory traffic per 262K FLOPs, the bound of a WMMA kernel that sends S and P through shared
-// memory); the 32-row key-split CTAs for every grid (each CTA streams all of a head's K/V for 32 rows: about
-// 6 TB/s of L2 reads at 2,16,4096,64); the S look-ahead for 32-row warps (about 230 registers, over the 204
-// that two CTAs per SM allow); 3 stages to fit a third CTA per SM (168 registers already cap it at 2).
+// Checked on the CPU before any GPU run (a model of these barriers under random interleavings, and a numpy
+// emulation of the index math and numerics; docs/ladder.md). Rejected by estimate, not measured: 16-row warps
+// for large grids (28 KB vs 20 KB of shared-memory traffic per 262K FLOPs), the key split for every grid (~6 TB/s
+// of L2 reads at 2,16,4096,64), the S look-ahead for 32-row warps (~230 registers, over the 204 of 2 CTAs/SM).
 // Scale may have any sign: scores are scaled before the row max.
 //
 // Run:  flashcore test v9 && flashcore bench v9 --shape 1,8,512,64 && flashcore bench v9 --shape 2,16,4096,64
 //
-// ptxas (nvcc 13.0, -O3 --use_fast_math), registers / static smem / dynamic smem / spills:
-//   v9_fwd<64, 1>   sm_90: 168 / 0 / 94,336 / 0    sm_89: 168 / 0 / 94,336 / 0   (8 stages of 32 keys)
-//   v9_fwd<64, 2>   sm_90: 160 / 0 / 92,224 / 0    sm_89: 153 / 0 / 92,224 / 0   (4 stages of 64 keys)
-//   v9_fwd<128, 1>  sm_90: 168 / 0 / 88,128 / 0    sm_89: 168 / 0 / 88,128 / 0   (4 stages of 32 keys)
-//   v9_fwd<128, 2>  sm_90: 166 / 0 / 88,128 / 0    sm_89: 161 / 0 / 88,128 / 0   (4 stages of 32 keys)
-// Measured on the lent GPU (an NVIDIA H200; `flashcore bench --all`, all rungs in one run, L2 flushed before
-// each call, median of 200 / 100 calls):
+// ptxas (nvcc 13.0), registers sm_90 | sm_89, dynamic smem, no static smem or spills: <64, 1> 168 | 168, 94,336 B
+//   (8 stages of 32 keys); <64, 2> 160 | 153, 92,224 B (4 x 64); <128, 1> 168 | 168 and <128, 2> 166 | 161, 88,128 B.
+// Measured (H200, `flashcore bench --all`, L2 flushed before each call, median of 200 / 100 calls):
 //   1,8,512,64:   11.6 us (1.38x faster than v8; 1.03x SDPA default)
 //   2,16,4096,64: 723 us, 190.1 TFLOP/s (1.55x v8)
 // Stress (scripts/stress.py): 2,000 launches over random shapes (S in [1, 1100], S=1 every 20th, causal and not), all OK;
@@ -73,6 +59,7 @@
 // 1,2,97,128.
 #include "flashcore.h"
 #include "mbarrier.cuh"
+#include "mma_sm80.cuh"  // fc::pack_half2
 #include "primitives.cuh"
 
 #include <mma.h>
@@ -177,11 +164,6 @@ __device__ __forceinline__ void pair_barrier_sync(int pair) {
 }
 constexpr int kBarPairFree = 1;   // ids 1, 2: half 0 of the pair is out of its loop (0 is __syncthreads')
 constexpr int kBarPairReady = 3;  // ids 3, 4: half 1 has left its (m, l, O) in shared memory
-
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
 
 // Key tiles a CTA visits; producer and consumers both use this, so they agree on every barrier phase.
 // Under causal masking the tiles past the CTA's last query row are skipped entirely.
@@ -292,7 +274,7 @@ __device__ __forceinline__ void store_rows(const FlashcoreParams& p, __half* __r
       const float4 a = *reinterpret_cast<const float4*>(staging + r * kOStride + col);
       const float4 b = *reinterpret_cast<const float4*>(staging + r * kOStride + col + 4);
       if (qr0 + r < p.seq_len) {
-        const uint4 packed = {pack_half2(a.x, a.y), pack_half2(a.z, a.w), pack_half2(b.x, b.y), pack_half2(b.z, b.w)};
+        const uint4 packed = {fc::pack_half2(a.x, a.y), fc::pack_half2(a.z, a.w), fc::pack_half2(b.x, b.y), fc::pack_half2(b.z, b.w)};
         *reinterpret_cast<uint4*>(o + static_cast<size_t>(qr0 + r) * kHeadDim + pass * 64 + col) = packed;
       }
     }
@@ -449,8 +431,8 @@ __device__ __forceinline__ void consume_kv(const FlashcoreParams& p,
     for (int rf = 0; rf < kRowFrags; ++rf) {
 #pragma unroll
       for (int g = 0; g < kColsPerLane / 4; ++g) {
-        const uint2 packed = {pack_half2(x[rf][4 * g], x[rf][4 * g + 1]),
-                              pack_half2(x[rf][4 * g + 2], x[rf][4 * g + 3])};
+        const uint2 packed = {fc::pack_half2(x[rf][4 * g], x[rf][4 * g + 1]),
+                              fc::pack_half2(x[rf][4 * g + 2], x[rf][4 * g + 3])};
         *reinterpret_cast<uint2*>(P_w + (rf * kFrag + my_row) * L::kPStride + g * 8 + my_col) = packed;
       }
     }

@@ -25,6 +25,58 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# The width every test renders at. flashcore's consoles are fixed at 180 columns when stdout is not a terminal
+# (commands.py) and take the terminal's width when it is (`pytest -s`), so COLUMNS alone does not reach them;
+# the fixture below pins them, and COLUMNS covers any other rich console (typer's usage errors).
+TERMINAL_WIDTH = 200
+
+
+@pytest.fixture(autouse=True)
+def wide_fixed_terminal(monkeypatch):
+    """Every test renders at the same width, whatever terminal runs pytest. Tests still never assert on how a
+    table wraps: a cell's text is read from `table_rows`, a plain message with its whitespace normalised."""
+    from flashcore_cli import commands
+
+    monkeypatch.setenv("COLUMNS", str(TERMINAL_WIDTH))
+    for console in (commands.console, commands.err_console):
+        monkeypatch.setattr(console, "width", TERMINAL_WIDTH)
+
+
+@pytest.fixture
+def table_rows(monkeypatch):
+    """Every row a rich table with a header is given during the test, as {column header: the cell's plain
+    text}: what a user reads, as data, however the table would wrap it."""
+    from rich.table import Table
+    from rich.text import Text
+
+    rows: list[dict[str, str]] = []
+    add_row = Table.add_row
+
+    def plain(cell) -> str:
+        if isinstance(cell, Text):
+            return cell.plain
+        return Text.from_markup(cell).plain if isinstance(cell, str) else str(cell)
+
+    def recording_add_row(self, *cells, **kwargs):
+        if self.show_header:  # a table a user reads, not a layout grid (rich's progress display)
+            rows.append({str(column.header): plain(cell) for column, cell in zip(self.columns, cells)})
+        return add_row(self, *cells, **kwargs)
+
+    monkeypatch.setattr(Table, "add_row", recording_add_row)
+    return rows
+
+
+def cells(rows: list[dict[str, str]]) -> list[str]:
+    """Every cell of the rows `table_rows` recorded."""
+    return [cell for row in rows for cell in row.values()]
+
+
+def said(result) -> str:
+    """A CliRunner result's output with its whitespace normalised: the words of a plain message, wherever rich
+    broke its lines (a message that holds a path breaks at a place that depends on the path's length)."""
+    return " ".join(result.output.split())
+
+
 @pytest.fixture
 def nvcc():
     from flashcore_cli.toolchain import find_nvcc

@@ -8,7 +8,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from conftest import FIXTURES, REPO
+from conftest import FIXTURES, REPO, cells, said
 from flashcore_cli.cli import app
 
 runner = CliRunner()
@@ -18,23 +18,23 @@ def invoke(*args):
     return runner.invoke(app, list(args))
 
 
-def test_list_prints_the_registry():
+def test_list_prints_the_registry(table_rows):
     result = invoke("list")
     assert result.exit_code == 0, result.output
-    assert "baseline" in result.output and "head dims" in result.output
+    assert "baseline" in [row["name"] for row in table_rows] and "head dims" in table_rows[0]
 
 
 def test_unknown_variant_is_exit_2_with_a_suggestion_and_no_traceback():
     result = invoke("ptxas", "basline")
     assert result.exit_code == 2
-    assert "did you mean baseline" in result.output
+    assert "did you mean baseline" in said(result)
     assert "Traceback" not in result.output
 
 
 def test_broken_registry_is_exit_2():
     result = invoke("--registry", str(FIXTURES / "registries" / "unknown_key.yaml"), "list")
     assert result.exit_code == 2
-    assert "key 'head_dim'" in result.output
+    assert "key 'head_dim'" in said(result)
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_broken_registry_is_exit_2():
 def test_bad_input_is_exit_2(args, needle):
     result = invoke(*args)
     assert result.exit_code == 2, result.output
-    assert needle in result.output
+    assert needle in said(result)
     assert "Traceback" not in result.output
 
 
@@ -67,11 +67,11 @@ def test_help_is_fast_and_does_not_import_torch():
     assert elapsed < 2.0  # the budget is 0.5 s on a quiet machine; CI runners are shared, so only gross regressions fail
 
 
-def test_ptxas_json_for_baseline(tmp_path, nvcc, fresh_cache):
+def test_ptxas_json_for_baseline(tmp_path, nvcc, fresh_cache, table_rows):
     out = tmp_path / "ptxas.json"
     result = invoke("ptxas", "baseline", "--arch", "sm_89,sm_90", "--json", str(out), "--fail-on-spill")
     assert result.exit_code == 0, result.output
-    assert "baseline_fwd<64>" in result.output and "sm_89" in result.output and "sm_90" in result.output
+    assert {(row["kernel"], row["arch"]) for row in table_rows} >= {("baseline_fwd<64>", "sm_89"), ("baseline_fwd<64>", "sm_90")}
     record = json.loads(out.read_text())
     kernels = [k for r in record["reports"] for k in r["kernels"]]
     assert {k["arch"] for k in kernels} == {"sm_89", "sm_90"}
@@ -79,7 +79,7 @@ def test_ptxas_json_for_baseline(tmp_path, nvcc, fresh_cache):
     assert all(k["spills"] == 0 for k in kernels)
 
 
-def test_compile_error_shows_the_compilers_first_lines(tmp_path, nvcc, fresh_cache):
+def test_compile_error_shows_the_compilers_first_lines(tmp_path, nvcc, fresh_cache, table_rows):
     (tmp_path / "pyproject.toml").write_text("")
     kernels = tmp_path / "kernels"
     kernels.mkdir()
@@ -90,7 +90,7 @@ def test_compile_error_shows_the_compilers_first_lines(tmp_path, nvcc, fresh_cac
     )
     result = invoke("--registry", str(tmp_path / "variants.yaml"), "ptxas", "broken")
     assert result.exit_code == 1
-    assert "undeclared_thing" in result.output and "error" in result.output
+    assert any("undeclared_thing" in cell and "error" in cell for cell in cells(table_rows))
     assert "Traceback" not in result.output
 
 

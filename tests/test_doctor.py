@@ -6,13 +6,14 @@ from flashcore_cli import cudatools
 from flashcore_cli.cli import app
 
 
-def test_doctor_reports_every_piece_and_what_to_do(monkeypatch, tmp_path):
+def test_doctor_reports_every_piece_and_what_to_do(monkeypatch, tmp_path, table_rows):
     monkeypatch.setenv("FLASHCORE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(cudatools, "locate", lambda tool: None)  # as on a machine with no CUDA tools
     result = CliRunner().invoke(app, ["doctor"])
     assert result.exit_code == 0, result.output
-    out = " ".join(result.output.split())
+    rows = {row["piece"]: row for row in table_rows}
     for piece in ("GPU + driver", "CUDA / nvcc", "torch", "triton", "ninja", "ncu", "compute-sanitizer", "cuobjdump", "cache", "registry"):
-        assert piece in out, piece
-    assert "Nsight Compute" in out and "pip install nvidia-cuda-cuobjdump" in out
-    assert str(tmp_path / "cache") in out
+        assert piece in rows, piece
+    assert "Nsight Compute" in rows["ncu"]["what to do"]
+    assert "pip install nvidia-cuda-cuobjdump" in rows["cuobjdump"]["what to do"]
+    assert str(tmp_path / "cache") in rows["cache"]["found"]

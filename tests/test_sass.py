@@ -5,7 +5,7 @@ import gzip
 import pytest
 from typer.testing import CliRunner
 
-from conftest import FIXTURES
+from conftest import FIXTURES, said
 from flashcore_cli import cudatools
 from flashcore_cli.cli import app
 from flashcore_cli.sass import parse_sass
@@ -59,12 +59,13 @@ def cuobjdump():
         pytest.skip("cuobjdump is not installed (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
 
 
-def test_sass_of_baseline_from_a_real_cubin(tmp_path, nvcc, cuobjdump):
+def test_sass_of_baseline_from_a_real_cubin(tmp_path, nvcc, cuobjdump, table_rows):
     listing = tmp_path / "baseline.sass"
     result = CliRunner().invoke(app, ["sass", "baseline", "--arch", "sm_90", "--out", str(listing)])
     assert result.exit_code == 0, result.output
-    assert "baseline_fwd<64>" in result.output and "baseline_fwd<128>" in result.output
-    assert "LDGSTS" in result.output and "HMMA" in result.output
+    rows = {row["kernel"]: row for row in table_rows}
+    assert rows.keys() == {"baseline_fwd<64>", "baseline_fwd<128>"}
+    assert {"LDGSTS bits x n", "HMMA"} <= rows["baseline_fwd<64>"].keys()
     kernels = {k.kernel for k in parse_sass(listing.read_text())}
     assert kernels == {"void baseline_fwd<64>(FlashcoreParams)", "void baseline_fwd<128>(FlashcoreParams)"}
 
@@ -73,5 +74,5 @@ def test_missing_cuobjdump_says_how_to_get_it(monkeypatch, nvcc):
     monkeypatch.setattr(cudatools, "locate", lambda tool: None)
     result = CliRunner().invoke(app, ["sass", "baseline", "--arch", "sm_90"])
     assert result.exit_code == 2
-    assert "pip install nvidia-cuda-cuobjdump" in result.output
+    assert "pip install nvidia-cuda-cuobjdump" in said(result)
     assert "Traceback" not in result.output

@@ -109,15 +109,18 @@ def test_limits_skip_spills_and_kernels_that_do_not_fit():
     assert c.skipped == "compile failed: k.cu(3): error: too big"
 
 
-def test_dry_run_checks_every_combination_with_a_real_compile(nvcc, fresh_cache):
+def test_dry_run_checks_every_combination_with_a_real_compile(nvcc, fresh_cache, table_rows):
     result = runner.invoke(app, ["--registry", TUNE_REGISTRY, "tune", "limits", "--shape", "1,8,512,64", "--dry-run"])
     assert result.exit_code == 0, result.output
     out = " ".join(result.output.split())
     assert "TILE (5) = 5 combination(s), 1 rejected by the constraints" in out
     assert "2 to run on the GPU; 3 skipped" in out
-    assert "static assertion failed" in out  # TILE=24
-    assert "does not fit: needs 245760 B smem" in out  # TILE=240
-    assert "constraint: TILE < 512" in out
+    rows = {row["parameters"]: row for row in table_rows}  # the ranking table's cells, however rich wraps them
+    assert rows.keys() == {f"TILE={t}" for t in (16, 24, 64, 240, 512)}
+    assert rows["TILE=16"]["status"] == rows["TILE=64"]["status"] == "to run"
+    assert rows["TILE=24"]["note"].startswith("compile failed:") and "static assertion failed" in rows["TILE=24"]["note"]
+    assert rows["TILE=240"]["note"].startswith("does not fit: needs 245760 B smem")
+    assert rows["TILE=512"]["note"] == "constraint: TILE < 512"
 
 
 def test_tune_without_a_tune_block_is_exit_2():

@@ -1,0 +1,380 @@
+// fa2_mma.cuh — FlashAttention-2's warp tile on mma.sync m16n8k16 fragments, written once (v11 and later):
+// the swizzled cp.async tile copy, Q_i's A fragments, S = Q K^T, the edge masks, the online softmax on the
+// C fragments, P V straight from those registers, and the merge of key-split partials.
+//
+// Each helper is a template over a tile configuration Cfg (v11.cu's V11Config) and reads these members:
+//   kHeadDim, kBlockM (query rows per CTA), kBlockN (keys per warp per tile), kWarpM (query rows per warp),
+//   kMTiles = kWarpM / 16, kNTiles = kBlockN / 8, kDTiles = kHeadDim / 8, kKChunks = kHeadDim / 16,
+//   kChunks = kHeadDim / 8 (16-byte chunks per row), kRowBytes = 2 kHeadDim, kThreads (the copying threads),
+//   kQInRegs (Q_i held in registers), kOStride (floats per row of a merge buffer).
+// Fragment layouts and the swizzle: mma_sm80.cuh. A lane holds, for m16 tile mt, rows g = lane / 4 and
+// g + 8 (index h = 0, 1 below) and columns 2t, 2t + 1 (t = lane % 4) of every n8 tile.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "flashcore.h"
+#include "mma_sm80.cuh"
+#include "primitives.cuh"
+
+namespace fc {
+
+// kRows x kChunks 16-byte chunks of a [S, D] slice, rows first_row.., into a swizzled tile. Rows at or past
+// valid_rows are zeroed with a plain shared store instead (never read from global memory), so the copies
+// of one thread all address off one pointer with immediate offsets.
+template <class Cfg, int kRows>
+__device__ __forceinline__ void copy_rows_async(unsigned char* tile, const __half* src, int first_row,
+                                                int valid_rows, int tid) {
+  constexpr int kPasses = fc::ceil_div(kRows * Cfg::kChunks, Cfg::kThreads);
+  constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kChunks;
+  const int row0 = tid / Cfg::kChunks;
+  const int chunk = tid % Cfg::kChunks;
+  const __half* g = src + static_cast<size_t>(first_row + row0) * Cfg::kHeadDim + chunk * 8;
+  if constexpr (kRowsPerPass % 8 != 0) {
+    // Fewer than 8 rows per pass (a 64-thread copy group at D=128): the XOR changes from pass to pass.
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int row = row0 + pass * kRowsPerPass;
+      unsigned char* s = tile + fc::swizzle(row, chunk, Cfg::kRowBytes);
+      if ((kRows * Cfg::kChunks) % Cfg::kThreads == 0 || row < kRows) {
+        if (first_row + row < valid_rows) {
+          fc::cp_async_16(s, g + pass * kRowsPerPass * Cfg::kHeadDim, true);
+        } else {
+          *reinterpret_cast<uint4*>(s) = make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+    return;
+  }
+  unsigned char* s = tile + fc::swizzle(row0, chunk, Cfg::kRowBytes);  // row0 + k * kRowsPerPass: same XOR
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int row = row0 + pass * kRowsPerPass;
+    if ((kRows * Cfg::kChunks) % Cfg::kThreads == 0 || row < kRows) {
+      if (first_row + row < valid_rows) {
+        fc::cp_async_16(s + pass * kRowsPerPass * Cfg::kRowBytes, g + pass * kRowsPerPass * Cfg::kHeadDim, true);
+      } else {
+        *reinterpret_cast<uint4*>(s + pass * kRowsPerPass * Cfg::kRowBytes) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+}
+
+// The per-warp row state, kept in registers: O_i = 0, m_i = -inf, l_i = 0 to start.
+template <class Cfg>
+__device__ __forceinline__ void init_rows(float (&o)[Cfg::kMTiles][Cfg::kDTiles][4], float (&m_i)[Cfg::kMTiles][2],
+                                          float (&l_i)[Cfg::kMTiles][2]) {
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+    for (int d = 0; d < Cfg::kDTiles; ++d)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) o[mt][d][r] = 0.f;
+    m_i[mt][0] = m_i[mt][1] = -INFINITY;
+    l_i[mt][0] = l_i[mt][1] = 0.f;
+  }
+}
+
+// Q_i's A fragments for the warp's rows when they are held in registers (Cfg::kQInRegs); one placeholder
+// register set otherwise (warp_scores then re-reads Q_i from shared memory).
+template <class Cfg>
+using QFragments = uint32_t[Cfg::kQInRegs ? Cfg::kMTiles : 1][Cfg::kQInRegs ? Cfg::kKChunks : 1][4];
+
+template <class Cfg>
+__device__ __forceinline__ void load_q_fragments(QFragments<Cfg>& q_frag, uint32_t q_lane, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int kc = 0; kc < Cfg::kKChunks; ++kc)
+      fc::ldmatrix_x4(q_frag[mt][kc], q_lane + mt * 16 * Cfg::kRowBytes + fc::ldmatrix_chunk(kc, lane >> 4, lane));
+}
+
+// The same fragments straight from global memory (for CTAs that never stage Q_i in shared memory):
+// lane (g, t) of an m16 tile holds rows g and g + 8, columns 2t, 2t + 1 and 2t + 8, 2t + 9 of each k16
+// step, four 4-byte loads per step. Rows at or past seq_len read as zeros.
+template <class Cfg>
+__device__ __forceinline__ void load_q_fragments_global(QFragments<Cfg>& q_frag, const __half* q, int row0,
+                                                        int seq_len, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + mt * 16 + (lane >> 2) + 8 * h;
+      const uint32_t* src =
+          reinterpret_cast<const uint32_t*>(q + static_cast<size_t>(row) * Cfg::kHeadDim) + (lane & 3);
+#pragma unroll
+      for (int kc = 0; kc < Cfg::kKChunks; ++kc) {
+        q_frag[mt][kc][h] = row < seq_len ? __ldg(src + kc * 8) : 0u;
+        q_frag[mt][kc][2 + h] = row < seq_len ? __ldg(src + kc * 8 + 4) : 0u;
+      }
+    }
+}
+
+// l_i: the four lanes of a row each summed a quarter of its columns.
+template <class Cfg>
+__device__ __forceinline__ void sum_row_quads(float (&l_i)[Cfg::kMTiles][2]) {
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+    l_i[mt][0] = fc::group_sum<4>(l_i[mt][0]);
+    l_i[mt][1] = fc::group_sum<4>(l_i[mt][1]);
+  }
+}
+
+// S = Q_i K_j^T for the warp's rows against kBlockN keys (raw scores: the scale is folded into exp2).
+// q_frag holds Q_i when Cfg::kQInRegs; otherwise Q_i is re-read from shared memory at q_lane.
+template <class Cfg, class QFrag>
+__device__ __forceinline__ void warp_scores(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4], const QFrag& q_frag,
+                                            uint32_t q_lane, uint32_t k_lane, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int j = 0; j < Cfg::kNTiles; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s[mt][j][r] = 0.f;
+  // ldmatrix lanes: Q and K rows are 8-aligned at the tile level, so the swizzle term is lane & 7
+  const int q_chunk = lane >> 4;        // matrices 2, 3 of an A fragment: k 8..15
+  const int k_chunk = (lane >> 3) & 1;  // matrices 1, 3 of a B pair: k 8..15
+#pragma unroll
+  for (int kc = 0; kc < Cfg::kKChunks; ++kc) {
+    uint32_t a[Cfg::kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+      if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) a[mt][r] = q_frag[mt][kc][r];
+      } else {
+        fc::ldmatrix_x4(a[mt], q_lane + mt * 16 * Cfg::kRowBytes + fc::ldmatrix_chunk(kc, q_chunk, lane));
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < Cfg::kNTiles / 2; ++np) {
+      uint32_t b[4];  // b[0], b[1]: n8 tile 2 np; b[2], b[3]: tile 2 np + 1
+      fc::ldmatrix_x4(b, k_lane + np * 16 * Cfg::kRowBytes + fc::ldmatrix_chunk(kc, k_chunk, lane));
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+        fc::mma_16816(s[mt][2 * np], a[mt], b[0], b[1]);
+        fc::mma_16816(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// -inf where key >= seq_len or (causal) key > row; only tiles that cross the diagonal or the end call it.
+template <class Cfg>
+__device__ __forceinline__ void mask_scores(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4], int row0, int key0,
+                                            int seq_len, bool causal, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int j = 0; j < Cfg::kNTiles; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = row0 + mt * 16 + (lane >> 2) + 8 * (r >> 1);
+        const int key = key0 + 8 * j + 2 * (lane & 3) + (r & 1);
+        if (key >= seq_len || (causal && key > row)) s[mt][j][r] = -INFINITY;
+      }
+}
+
+// m_new = max(m_i, rowmax(S)); P = exp2(S * scale_log2 - m_i * scale_log2) in place of S;
+// l_i = alpha l_i + rowsum(P); O = diag(alpha) O with alpha = exp2((m_i - m_new) * scale_log2).
+// m_i is kept in raw-score units (so scale must be > 0). A warp none of whose rows found a new max in the
+// tile skips the O rescale (kMTiles * kHeadDim / 2 multiplies per lane), which fires more often the further
+// along the row. l_i stays a per-lane partial sum: alpha is the same for the four lanes of a row, so the
+// quad reduction can wait until the end (sum_row_quads).
+template <class Cfg>
+__device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4],
+                                               float (&o)[Cfg::kMTiles][Cfg::kDTiles][4],
+                                               float (&m_i)[Cfg::kMTiles][2], float (&l_i)[Cfg::kMTiles][2],
+                                               float scale_log2) {
+  float alpha[Cfg::kMTiles][2];
+  bool moved = false;
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // h = 0: row g, h = 1: row g + 8
+      float m_new = m_i[mt][h];
+#pragma unroll
+      for (int j = 0; j < Cfg::kNTiles; ++j) m_new = fmaxf(m_new, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
+      m_new = fc::group_max<4>(m_new);
+      // From m_i = -inf any finite m_new moves (inf > 0); while both are -inf the row has seen
+      // nothing ((-inf) - (-inf) = NaN compares false) and keeps m_i = -inf.
+      alpha[mt][h] = 1.f;
+      if ((m_new - m_i[mt][h]) * scale_log2 > 0.f) {
+        alpha[mt][h] = exp2f((m_i[mt][h] - m_new) * scale_log2);
+        m_i[mt][h] = m_new;
+        moved = true;
+      }
+      // A row with nothing visible yet keeps m = -inf; subtracting 0 then gives exp2(-inf) = 0, not NaN.
+      const float m_scaled = m_i[mt][h] == -INFINITY ? 0.f : m_i[mt][h] * scale_log2;
+      float row_sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < Cfg::kNTiles; ++j)
+#pragma unroll
+        for (int c = 2 * h; c < 2 * h + 2; ++c) {
+          s[mt][j][c] = exp2f(fmaf(s[mt][j][c], scale_log2, -m_scaled));
+          row_sum += s[mt][j][c];
+        }
+      l_i[mt][h] = l_i[mt][h] * alpha[mt][h] + row_sum;
+    }
+  if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+      for (int d = 0; d < Cfg::kDTiles; ++d) {
+        o[mt][d][0] *= alpha[mt][0];
+        o[mt][d][1] *= alpha[mt][0];
+        o[mt][d][2] *= alpha[mt][1];
+        o[mt][d][3] *= alpha[mt][1];
+      }
+  }
+}
+
+// O += P V_j: the fp32 C fragments of P, packed to fp16, are the A fragments (n8 tiles 2 kk and 2 kk + 1
+// make k16 step kk).
+template <class Cfg>
+__device__ __forceinline__ void accumulate_pv(const float (&s)[Cfg::kMTiles][Cfg::kNTiles][4],
+                                              float (&o)[Cfg::kMTiles][Cfg::kDTiles][4], uint32_t v_lane,
+                                              int lane) {
+  const int v_chunk = lane >> 4;  // matrices 2, 3 of a .trans pair: d-tile 2 dp + 1
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
+    uint32_t pa[Cfg::kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+      pa[mt][0] = fc::pack_half2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+      pa[mt][1] = fc::pack_half2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+      pa[mt][2] = fc::pack_half2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+      pa[mt][3] = fc::pack_half2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int dp = 0; dp < Cfg::kDTiles / 2; ++dp) {
+      uint32_t b[4];  // b[0], b[1]: d-tile 2 dp; b[2], b[3]: d-tile 2 dp + 1
+      fc::ldmatrix_x4_trans(b, v_lane + kk * 16 * Cfg::kRowBytes + fc::ldmatrix_chunk(dp, v_chunk, lane));
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+        fc::mma_16816(o[mt][2 * dp], pa[mt], b[0], b[1]);
+        fc::mma_16816(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// O_i = diag(1 / l_i) O_i for one warp's kWarpM rows: staged as fp16 in rows tile_row0.. of a swizzled tile
+// that only this warp reads, then written to rows row0.. of o ([S, D]) with 16-byte coalesced stores; rows at
+// or past seq_len are not written. l_i: whole-row sums (after sum_row_quads).
+template <class Cfg>
+__device__ __forceinline__ void store_warp_rows(unsigned char* tile, int tile_row0, __half* o, int row0, int seq_len,
+                                                const float (&o_acc)[Cfg::kMTiles][Cfg::kDTiles][4],
+                                                const float (&l_i)[Cfg::kMTiles][2], int lane) {
+  const int g = lane >> 2;   // fragment row (and row + 8)
+  const int tq = lane & 3;   // fragment column pair
+  __syncwarp();  // every lane's last ldmatrix of those rows is done
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float inv_l = l_i[mt][h] > 0.f ? 1.f / l_i[mt][h] : 0.f;
+      const int row = tile_row0 + mt * 16 + g + 8 * h;
+#pragma unroll
+      for (int d = 0; d < Cfg::kDTiles; ++d) {
+        *reinterpret_cast<uint32_t*>(tile + swizzle(row, d, Cfg::kRowBytes) + 4 * tq) =
+            pack_half2(o_acc[mt][d][2 * h] * inv_l, o_acc[mt][d][2 * h + 1] * inv_l);
+      }
+    }
+  __syncwarp();
+  constexpr int kWarpChunks = Cfg::kWarpM * Cfg::kChunks;
+#pragma unroll
+  for (int i = lane; i < kWarpChunks; i += kWarpSize) {
+    const int r = i / Cfg::kChunks;
+    const int c = i % Cfg::kChunks;
+    const int row = row0 + r;
+    if (row < seq_len) {
+      *reinterpret_cast<uint4*>(o + static_cast<size_t>(row) * Cfg::kHeadDim + c * 8) =
+          *reinterpret_cast<const uint4*>(tile + swizzle(tile_row0 + r, c, Cfg::kRowBytes));
+    }
+  }
+}
+
+// The split kernels' partials: each warp's unnormalised (m_i, l_i, O_i) rows into shared memory, row
+// `group * kBlockM + r` of stats ([kSplit][kBlockM] float2: m_i * scale log2 e, l_i) and of o_part
+// ([kSplit][kBlockM][kOStride] fp32).
+template <class Cfg>
+__device__ __forceinline__ void store_partials(float2* stats, float* o_part,
+                                               const float (&o)[Cfg::kMTiles][Cfg::kDTiles][4],
+                                               const float (&m_i)[Cfg::kMTiles][2], const float (&l_i)[Cfg::kMTiles][2],
+                                               int group, int row_warp, float scale_log2, int lane) {
+  const int g = lane >> 2;
+  const int tq = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = group * Cfg::kBlockM + row_warp * Cfg::kWarpM + mt * 16 + g + 8 * h;
+      if (tq == 0) stats[row] = make_float2(m_i[mt][h] * scale_log2, l_i[mt][h]);
+#pragma unroll
+      for (int d = 0; d < Cfg::kDTiles; ++d) {
+        *reinterpret_cast<float2*>(o_part + row * Cfg::kOStride + 8 * d + 2 * tq) =
+            make_float2(o[mt][d][2 * h], o[mt][d][2 * h + 1]);
+      }
+    }
+}
+
+// Columns 8c .. 8c + 7 of one row merged over kParts partials, part p present when p < n: stat(p) gives its
+// (m, l) with m in log2 units, row(p) its unnormalised O row. Returns m = max_p m_p (-inf when no part saw
+// a key) and leaves l = sum_p exp2(m_p - m) l_p and acc = sum_p exp2(m_p - m) O_p; with m = -inf every
+// weight is 0, not NaN.
+template <int kParts, class Stat, class Row>
+__device__ __forceinline__ float merge_parts(int n, Stat stat, Row row, int c, float& l_all, float (&acc)[8]) {
+  float m_all = -INFINITY;
+#pragma unroll
+  for (int sp = 0; sp < kParts; ++sp)
+    if (sp < n) m_all = fmaxf(m_all, stat(sp).x);
+  const float m_ref = m_all == -INFINITY ? 0.f : m_all;
+  l_all = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j] = 0.f;
+#pragma unroll
+  for (int sp = 0; sp < kParts; ++sp) {
+    if (sp < n) {
+      const float2 st = stat(sp);
+      const float w = exp2f(st.x - m_ref);
+      l_all += w * st.y;
+      const float4* part = reinterpret_cast<const float4*>(row(sp) + c * 8);
+      const float4 lo = part[0];
+      const float4 hi = part[1];
+      acc[0] += w * lo.x; acc[1] += w * lo.y; acc[2] += w * lo.z; acc[3] += w * lo.w;
+      acc[4] += w * hi.x; acc[5] += w * hi.y; acc[6] += w * hi.z; acc[7] += w * hi.w;
+    }
+  }
+  return m_all;
+}
+
+// The split CTA's output, once every group's partials are in stats / o_part (store_partials, then a
+// barrier): one thread per (row, 8 columns) merges the kSplit groups, normalises and writes 16 bytes of
+// rows m0.. of o ([S, D]); rows at or past seq_len are not written.
+template <class Cfg>
+__device__ __forceinline__ void merge_split_rows(const float2* stats, const float* o_part, __half* o, int m0,
+                                                 int seq_len, int tid) {
+  constexpr int kBlockChunks = Cfg::kBlockM * Cfg::kChunks;
+  for (int i = tid; i < kBlockChunks; i += Cfg::kThreads) {
+    const int r = i / Cfg::kChunks;
+    const int c = i % Cfg::kChunks;
+    if (m0 + r >= seq_len) continue;
+    float l_all;
+    float acc[8];
+    merge_parts<Cfg::kSplit>(
+        Cfg::kSplit, [&](int sg) { return stats[sg * Cfg::kBlockM + r]; },
+        [&](int sg) { return o_part + (sg * Cfg::kBlockM + r) * Cfg::kOStride; }, c, l_all, acc);
+    const float inv_l = l_all > 0.f ? 1.f / l_all : 0.f;
+    uint4 out;
+    out.x = pack_half2(acc[0] * inv_l, acc[1] * inv_l);
+    out.y = pack_half2(acc[2] * inv_l, acc[3] * inv_l);
+    out.z = pack_half2(acc[4] * inv_l, acc[5] * inv_l);
+    out.w = pack_half2(acc[6] * inv_l, acc[7] * inv_l);
+    *reinterpret_cast<uint4*>(o + static_cast<size_t>(m0 + r) * Cfg::kHeadDim + c * 8) = out;
+  }
+}
+
+}  // namespace fc
