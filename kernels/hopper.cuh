@@ -1,7 +1,8 @@
 // hopper.cuh — the sm_90a (Hopper) primitives behind v12, each a thin wrapper over one PTX instruction:
 // warpgroup matrix multiply (wgmma) with its shared-memory descriptors and fence/commit/wait, register
-// reallocation between warpgroups (setmaxnreg), named barriers, and 4-D TMA tile loads and stores.
-// Tensor-map encoding and the mbarrier operations live in tma.cuh and mbarrier.cuh (shared with v11).
+// reallocation between warpgroups (setmaxnreg), named barriers, the mbarrier-init fence, and the tensor-map
+// layout v12 reads [B, H, S, D] tiles in. The TMA copies and tensor-map encoding live in tma.cuh, the mbarrier
+// operations in mbarrier.cuh (both shared with v11).
 //
 // wgmma and setmaxnreg exist only in the sm_90a target (-gencode arch=compute_90a,code=sm_90a); built for
 // any other target these wrappers trap, so a rung that uses them is registered with `archs: [sm_90a]`.
