@@ -2,7 +2,15 @@
 
 The references (SDPA default and each backend, the Triton forward) run in one worker; each variant in a
 worker of its own that builds it, checks it at the bench shape and times it only if the check passed.
-Speedup is SDPA default's median over the row's median, both measured in this run.
+Each worker times in every mode the run asks for (timing.py: cold, graph, host), so a run has one set of
+rows per mode; a row's speedup is SDPA default's median over the row's median, both measured in this run
+and in the same mode.
+
+The record keeps a one-mode run in the format compare and older tools read, plus its "mode":
+    {"kind": "flashcore-bench", "mode": "cold", "shape", "causal", ..., "rows": [...]}
+A run of several modes (--mode cold,graph,host) adds "runs", one {"mode", "rows"} section per mode in the
+order asked; the top-level "mode" and "rows" are the first section's, so a reader of one-mode records sees
+the first mode. Read every mode with `record.get("runs") or [record]`.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from flashcore_cli.registry import Registry, Variant
 from flashcore_cli.shapes import Case, Shape, attention_flops
 
 MIN_REPS = 100
+TIMING_KEYS = ("median_us", "p10_us", "p90_us", "calls_per_sample", "timed_out_samples", "samples_us")
 
 
 @dataclass
@@ -41,12 +50,17 @@ class BenchRow:
         return d
 
 
+def sdpa_median(rows: list[BenchRow]) -> float | None:
+    return next((r.median for r in rows if r.name == SDPA_DEFAULT and r.median), None)
+
+
 @dataclass
 class BenchRun:
     shape: Shape
     causal: bool
     seed: int
-    rows: list[BenchRow] = field(default_factory=list)
+    modes: list[str] = field(default_factory=lambda: ["cold"])
+    rows: dict[str, list[BenchRow]] = field(default_factory=dict)  # mode -> its rows, in run order
     environment: dict = field(default_factory=dict)
     clocks_after: dict = field(default_factory=dict)
     started: float = field(default_factory=time.time)
@@ -55,17 +69,20 @@ class BenchRun:
     def flops(self) -> float:
         return attention_flops(self.shape, self.causal)
 
-    @property
-    def sdpa_median(self) -> float | None:
-        for r in self.rows:
-            if r.name == SDPA_DEFAULT and r.median:
-                return r.median
-        return None
+    def add(self, rows_by_mode: dict[str, list[BenchRow]]) -> None:
+        for mode in self.modes:
+            self.rows.setdefault(mode, []).extend(rows_by_mode.get(mode, []))
+
+    def section(self, mode: str) -> dict:
+        rows = self.rows.get(mode, [])
+        sdpa = sdpa_median(rows)
+        return {"mode": mode, "rows": [r.as_dict(self.flops, sdpa) for r in rows]}
 
     def record(self) -> dict:
-        sdpa = self.sdpa_median
-        return {
+        sections = [self.section(m) for m in self.modes]
+        record = {
             "kind": "flashcore-bench",
+            "mode": sections[0]["mode"],
             "started": self.started,
             "shape": str(self.shape),
             "causal": self.causal,
@@ -73,24 +90,37 @@ class BenchRun:
             "flops": self.flops,
             "environment": self.environment,
             "clocks_after": self.clocks_after,
-            "rows": [r.as_dict(self.flops, sdpa) for r in self.rows],
+            "rows": sections[0]["rows"],
         }
+        if len(sections) > 1:
+            record["runs"] = sections
+        return record
 
 
-def bench_references(case: Case, *, reps: int, warmup: int, timeout: float, on_event=None) -> tuple[list[BenchRow], dict]:
-    spec = {"task": "references", "case": case.as_dict(), "reps": reps, "warmup": warmup}
+def bench_references(case: Case, *, reps: int, warmup: int, timeout: float, modes=("cold",),
+                     on_event=None) -> tuple[dict[str, list[BenchRow]], dict]:  # fmt: skip
+    """The reference rows of every mode ({mode: rows}) and the run's environment, from one worker."""
+    spec = {"task": "references", "case": case.as_dict(), "reps": reps, "warmup": warmup, "modes": list(modes)}
     worker = run_worker(spec, run_timeout=timeout, on_event=on_event)
     env = (worker.find("environment") or [{}])[0]
     env = {k: v for k, v in env.items() if k != "event"}
-    rows = [BenchRow(e["name"], "reference", "OK", _timing(e)) for e in worker.find("timing")]
-    rows += [BenchRow(e["name"], "reference", "SKIP", detail=e["reason"]) for e in worker.find("reference-skipped")]
-    if worker.status != "done" or worker.find("crash"):
-        crash = worker.find("crash")
-        rows.append(
-            BenchRow("references", "reference", "CRASH" if worker.status != "timeout" else "TIMEOUT",
-                     detail=crash[0]["error"] if crash else worker.log_tail)
-        )  # fmt: skip
+    crash = worker.find("crash")
+    rows: dict[str, list[BenchRow]] = {}
+    for mode in modes:
+        rows[mode] = [BenchRow(e["name"], "reference", "OK", _timing(e)) for e in worker.find("timing") if _in_mode(e, mode)]
+        rows[mode] += [BenchRow(e["name"], "reference", "SKIP", detail=e["reason"])
+                       for e in worker.find("reference-skipped") if _in_mode(e, mode)]  # fmt: skip
+        if worker.status != "done" or crash:
+            rows[mode].append(
+                BenchRow("references", "reference", "CRASH" if worker.status != "timeout" else "TIMEOUT",
+                         detail=crash[0]["error"] if crash else worker.log_tail)
+            )  # fmt: skip
     return rows, env
+
+
+def _in_mode(event: dict, mode: str) -> bool:
+    """An event without a mode (a row skipped before any timing) belongs to every mode."""
+    return event.get("mode", mode) == mode
 
 
 def bench_variant(
@@ -102,12 +132,14 @@ def bench_variant(
     reps: int,
     warmup: int,
     timeout: float,
+    modes=("cold",),
     on_event=None,
     defines: dict[str, str] | None = None,
-) -> BenchRow:
+) -> dict[str, BenchRow]:
+    """The variant's row in every mode ({mode: row}); one worker builds, checks and times it in each."""
     reason = variant.unsupported_reason(case.shape.head_dim, case.causal, arch)
     if reason:
-        return BenchRow(variant.name, "variant", "SKIP", detail=reason)
+        return {m: BenchRow(variant.name, "variant", "SKIP", detail=reason) for m in modes}
     spec = {
         "task": "bench",
         "registry": str(registry.path),
@@ -117,12 +149,24 @@ def bench_variant(
         "case": case.as_dict(),
         "reps": reps,
         "warmup": warmup,
+        "modes": list(modes),
     }
     worker = run_worker(spec, run_timeout=timeout, on_event=on_event)
+    return {m: _variant_row(variant, case, worker, m, timeout) for m in modes}
+
+
+def _variant_row(variant: Variant, case: Case, worker, mode: str, timeout: float) -> BenchRow:
     built = worker.find("built")
     key = built[0].get("key", "") if built else ""
     if worker.find("build-failed"):
         return BenchRow(variant.name, "variant", "BUILD-FAIL", key=key, detail=worker.find("build-failed")[0]["errors"])
+    # a mode timed (or found untimeable) before a later mode crashed or timed out keeps its result
+    timing = [e for e in worker.find("timing") if _in_mode(e, mode)]
+    if timing:
+        return BenchRow(variant.name, "variant", "OK", _timing(timing[0]), key=key)
+    skipped = [e for e in worker.find("timing-skipped") if _in_mode(e, mode)]
+    if skipped:
+        return BenchRow(variant.name, "variant", "SKIP", key=key, detail=f"{mode} mode: {skipped[0]['reason']}")
     if worker.status == "timeout":
         return BenchRow(variant.name, "variant", "TIMEOUT", key=key, detail=f"killed after {timeout:.0f} s ({worker.phase})")
     crash = worker.find("crash")
@@ -134,10 +178,7 @@ def bench_variant(
         outcome = CaseOutcome(case, e["status"], e["max_error"], e["tolerance"], e.get("detail", ""), e.get("mismatches", []))
         return BenchRow(variant.name, "variant", outcome.status, key=key, detail=f"not timed: {outcome.detail} "
                         f"(max error {outcome.max_error:.3g} > tolerance {outcome.tolerance:.3g})")  # fmt: skip
-    timing = worker.find("timing")
-    if not timing:
-        return BenchRow(variant.name, "variant", "CRASH", key=key, detail=worker.log_tail)
-    return BenchRow(variant.name, "variant", "OK", _timing(timing[0]), key=key)
+    return BenchRow(variant.name, "variant", "CRASH", key=key, detail=worker.log_tail)
 
 
 def finish(run: BenchRun) -> None:
@@ -145,4 +186,4 @@ def finish(run: BenchRun) -> None:
 
 
 def _timing(event: dict) -> dict:
-    return {k: event[k] for k in ("median_us", "p10_us", "p90_us", "samples_us") if k in event}
+    return {k: event[k] for k in TIMING_KEYS if k in event}

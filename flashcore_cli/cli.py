@@ -225,17 +225,19 @@ def bench(
     all_: All = False,
     shape: Annotated[Optional[str], typer.Option("--shape", help="B,H,S,D (default: the mission shape 1,8,512,64)")] = None,
     causal: Annotated[bool, typer.Option("--causal", help="causal masking")] = False,
-    reps: Annotated[int, typer.Option("--reps", help="timed calls per row (at least 100)")] = 200,
+    reps: Annotated[int, typer.Option("--reps", help="timed samples per row and mode (at least 100)")] = 200,
     warmup: Annotated[int, typer.Option("--warmup", help="untimed calls first")] = 20,
     json_path: JsonOut = None,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds per variant (after its build)")] = 300.0,
     seed: Seed = None,
     arch: Arch = None,
+    mode: Annotated[str, typer.Option("--mode", help="cold (L2 flushed, device time), graph (CUDA graph replays) or host "
+                                      "(back-to-back wall time); several, comma-separated, in one record")] = "cold",
 ) -> int:
     """Time variants beside PyTorch SDPA (default and each backend) and the Triton reference, in one run."""
     from flashcore_cli.commands import cmd_bench
 
-    return cmd_bench(ctx.obj["registry"], names, all_, shape, causal, reps, warmup, json_path, timeout, seed, arch)
+    return cmd_bench(ctx.obj["registry"], names, all_, shape, causal, reps, warmup, json_path, timeout, seed, arch, mode)
 
 
 from flashcore_cli import cli_tools  # noqa: E402  (the instruments: sanitize, profile, sass, sweep, ...)

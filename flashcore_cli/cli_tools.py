@@ -13,6 +13,9 @@ Name = Annotated[str, typer.Argument(help="variant name or alias (see `flashcore
 Shape = Annotated[Optional[str], typer.Option("--shape", help="B,H,S,D")]
 Causal = Annotated[bool, typer.Option("--causal", help="causal masking")]
 Arch = Annotated[Optional[str], typer.Option("--arch", help="target arch, e.g. sm_90 (default: the GPU present, else sm_90)")]
+Mode = Annotated[
+    str, typer.Option("--mode", help="cold (L2 flushed, device time), graph (CUDA graph replays) or host (back-to-back wall time)")
+]
 
 
 def register(app, handle_errors) -> None:
@@ -83,11 +86,12 @@ def register(app, handle_errors) -> None:
         timeout: Annotated[float, typer.Option("--timeout", help="seconds per variant and point (after its build)")] = 300.0,
         json_path: Annotated[Optional[str], typer.Option("--json", help="also write the record to this JSON file")] = None,
         arch: Arch = None,
+        mode: Mode = "cold",
     ) -> int:
         """Time variants and the references along the sequence length, over every visible GPU; record and chart."""
         from flashcore_cli.sweep import run_sweep
 
-        return run_sweep(ctx.obj["registry"], names, seq, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch)
+        return run_sweep(ctx.obj["registry"], names, seq, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch, mode)
 
     @app.command()
     @handle_errors
@@ -117,11 +121,12 @@ def register(app, handle_errors) -> None:
         timeout: Annotated[float, typer.Option("--timeout", help="seconds per trial (after its build)")] = 600.0,
         arch: Arch = None,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="show the grid, constraints and ptxas limits only (no GPU)")] = False,
+        mode: Mode = "cold",
     ) -> int:
         """Search a variant's declared -D parameters; store the fastest correct one for this GPU."""
         from flashcore_cli.tune import run_tune
 
-        return run_tune(ctx.obj["registry"], name, param, shape, causal, reps, warmup, timeout, arch, dry_run)
+        return run_tune(ctx.obj["registry"], name, param, shape, causal, reps, warmup, timeout, arch, dry_run, mode)
 
     @app.command()
     @handle_errors

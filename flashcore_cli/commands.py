@@ -272,11 +272,13 @@ def _render_test(outcomes) -> None:
 
 
 # ---------------------------------------------------------------- bench
-def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json_path, timeout, seed, arch) -> int:
+def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json_path, timeout, seed, arch, mode="cold") -> int:
     from flashcore_cli.bench import MIN_REPS, BenchRun, bench_references, bench_variant, finish
     from flashcore_cli.correctness import new_seed, write_json
     from flashcore_cli.shapes import MISSION_SHAPE, Case, parse_shape
+    from flashcore_cli.timing import MODE_TITLES, parse_modes
 
+    modes = parse_modes(mode)
     reg = load_registry(registry_path)
     variants = reg.select(names, True) if not names else reg.select(names, all_)
     shape = parse_shape(shape_text or MISSION_SHAPE)
@@ -290,17 +292,19 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
     arch = parse_arch(arch) if arch else parse_archs(None)[0]
     seed = seed if seed is not None else new_seed()
     case = Case(shape, causal, seed)
-    run = BenchRun(shape, causal, seed)
-    console.print(f"bench {shape}{' causal' if causal else ''}: {reps} timed calls each, L2 flushed before each; seed {seed}")
+    run = BenchRun(shape, causal, seed, modes)
+    console.print(f"bench {shape}{' causal' if causal else ''}: {reps} samples per row and mode; seed {seed}")
+    for m in modes:
+        console.print(f"  {MODE_TITLES[m]}")
     with progress() as bar:
         task = bar.add_task("references (SDPA backends, Triton)", total=len(variants) + 1)
-        refs, run.environment = bench_references(case, reps=reps, warmup=warmup, timeout=timeout)
-        run.rows.extend(refs)
+        refs, run.environment = bench_references(case, reps=reps, warmup=warmup, timeout=timeout, modes=modes)
+        run.add(refs)
         bar.advance(task)
         for v in variants:
             bar.update(task, description=f"{v.name}: build, check, time")
-            row = bench_variant(reg, v, case, arch=arch, reps=reps, warmup=warmup, timeout=timeout)
-            run.rows.append(row)
+            rows = bench_variant(reg, v, case, arch=arch, reps=reps, warmup=warmup, timeout=timeout, modes=modes)
+            run.add({m: [row] for m, row in rows.items()})
             bar.advance(task)
     finish(run)
     render_bench(run)
@@ -316,25 +320,40 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
 
 
 def render_bench(run) -> None:
+    """One table per mode, its title naming the mode; speedups against SDPA in the same mode."""
+    from flashcore_cli.bench import sdpa_median
+
     env = run.environment
-    title = (
-        f"{run.shape}{' causal' if run.causal else ''} on {env.get('gpu', '?')} (torch {env.get('torch', '?')}, "
-        f"CUDA {env.get('cuda', '?')}, driver {env.get('driver', '?')})"
-    )
-    table = Table(title=title)
-    for col, just in (("name", "left"), ("status", "left"), ("median us", "right"), ("p10 us", "right"),
-                      ("p90 us", "right"), ("TFLOP/s", "right"), ("vs SDPA", "right"), ("note", "left")):  # fmt: skip
-        table.add_column(col, justify=just, overflow="fold")
-    sdpa = run.sdpa_median
-    for r in run.rows:
-        if r.median:
-            tflops = run.flops / (r.median * 1e-6) / 1e12
-            speed = f"{sdpa / r.median:.2f}x" if sdpa else "-"
-            table.add_row(
-                r.name, styled(r.status), f"{r.median:.1f}", f"{r.timing['p10_us']:.1f}", f"{r.timing['p90_us']:.1f}",
-                f"{tflops:.1f}", speed, r.kind,
-            )  # fmt: skip
-        else:
-            table.add_row(r.name, styled(r.status), "-", "-", "-", "-", "-", (r.detail or "").splitlines()[0][:120] if r.detail else "")
-    console.print(table)
-    console.print("vs SDPA: SDPA default's median / this row's median (above 1: faster than SDPA)")
+    for mode in run.modes:
+        title = (
+            f"{run.shape}{' causal' if run.causal else ''} on {env.get('gpu', '?')}, {mode} mode "
+            f"(torch {env.get('torch', '?')}, CUDA {env.get('cuda', '?')}, driver {env.get('driver', '?')})"
+        )
+        table = Table(title=title)
+        for col, just in (("name", "left"), ("status", "left"), ("median us", "right"), ("p10 us", "right"),
+                          ("p90 us", "right"), ("TFLOP/s", "right"), ("vs SDPA", "right"), ("note", "left")):  # fmt: skip
+            table.add_column(col, justify=just, overflow="fold")
+        rows = run.rows.get(mode, [])
+        sdpa = sdpa_median(rows)
+        for r in rows:
+            if r.median:
+                tflops = run.flops / (r.median * 1e-6) / 1e12
+                speed = f"{sdpa / r.median:.2f}x" if sdpa else "-"
+                table.add_row(
+                    r.name, styled(r.status), f"{r.median:.1f}", f"{r.timing['p10_us']:.1f}", f"{r.timing['p90_us']:.1f}",
+                    f"{tflops:.1f}", speed, timing_note(r.kind, r.timing),
+                )  # fmt: skip
+            else:
+                table.add_row(r.name, styled(r.status), "-", "-", "-", "-", "-", (r.detail or "").splitlines()[0][:120] if r.detail else "")
+        console.print(table)
+    console.print("vs SDPA: SDPA default's median / this row's median, in the same mode (above 1: faster than SDPA)")
+
+
+def timing_note(kind: str, timing: dict) -> str:
+    """A timed row's note: its kind, how many calls one sample holds (graph, host), discarded samples."""
+    parts = [kind]
+    if timing.get("calls_per_sample", 1) > 1:
+        parts.append(f"{timing['calls_per_sample']} calls/sample")
+    if timing.get("timed_out_samples"):
+        parts.append(f"{timing['timed_out_samples']} sample(s) discarded: start timed out")
+    return ", ".join(parts)

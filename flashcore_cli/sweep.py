@@ -2,8 +2,9 @@
 
 Each point (one sequence length) is what `flashcore bench` does at one shape: the references in one worker,
 each variant in a worker of its own that checks it before timing it (bench.bench_references and
-bench.bench_variant). The points are spread over every visible GPU, one lane process per GPU (gpus.py).
-The run leaves a JSON record in the results folder (every sample of every row) and, with --plot, a chart.
+bench.bench_variant), in the one timing mode of the run (--mode: cold, graph or host; timing.py). The points
+are spread over every visible GPU, one lane process per GPU (gpus.py). The run leaves a JSON record in the
+results folder (its "mode", every sample of every row) and, with --plot, a chart.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class PointJob:
     reps: int
     warmup: int
     timeout: float
+    mode: str = "cold"
 
 
 def parse_seq_lens(text: str) -> list[int]:
@@ -41,12 +43,14 @@ def run_point(job: PointJob) -> dict:
     from flashcore_cli.shapes import Case
 
     case = Case.from_dict(job.case)
+    modes = (job.mode,)
     if job.variant is None:
-        rows, env = bench_references(case, reps=job.reps, warmup=job.warmup, timeout=job.timeout)
-        return {"rows": rows, "environment": env}
+        rows, env = bench_references(case, reps=job.reps, warmup=job.warmup, timeout=job.timeout, modes=modes)
+        return {"rows": rows[job.mode], "environment": env}
     reg = load_registry(job.registry)
-    row = bench_variant(reg, reg.get(job.variant), case, arch=job.arch, reps=job.reps, warmup=job.warmup, timeout=job.timeout)
-    return {"rows": [row], "environment": {}}
+    rows = bench_variant(reg, reg.get(job.variant), case, arch=job.arch, reps=job.reps, warmup=job.warmup, timeout=job.timeout,
+                         modes=modes)  # fmt: skip
+    return {"rows": [rows[job.mode]], "environment": {}}
 
 
 def point_rows(job: PointJob, rows: list, sdpa_median: float | None, gpu: str) -> list[dict]:
@@ -67,7 +71,8 @@ def require_matplotlib() -> None:
                              "`plot` extra), or leave out --plot") from None  # fmt: skip
 
 
-def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch_text) -> int:
+def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch_text,
+              mode_text="cold") -> int:  # fmt: skip
     from flashcore_cli.archs import parse_arch, parse_archs
     from flashcore_cli.bench import MIN_REPS
     from flashcore_cli.commands import console, progress, require_gpu
@@ -77,7 +82,9 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
     from flashcore_cli.references import SDPA_DEFAULT, clocks
     from flashcore_cli.registry import load_registry
     from flashcore_cli.shapes import Case, parse_shape
+    from flashcore_cli.timing import MODE_TITLES, parse_modes
 
+    (mode,) = parse_modes(mode_text, several=False)
     reg = load_registry(registry_path)
     variants = reg.select(names, True) if not names else reg.select(names, False)
     seq_lens = parse_seq_lens(seq_text or DEFAULT_SEQ_LENS)
@@ -96,10 +103,11 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
     for i, shape in enumerate(shapes):
         case = Case(shape, causal, seed + i).as_dict()
         for name in [None, *(v.name for v in variants)]:
-            jobs.append(PointJob(str(reg.path), name, case, arch, reps, warmup, timeout))
+            jobs.append(PointJob(str(reg.path), name, case, arch, reps, warmup, timeout, mode))
     console.print(
         f"sweep {batch},{heads},S,{dim}{' causal' if causal else ''} over S = {', '.join(map(str, seq_lens))}: "
-        f"{len(variants)} variant(s) + references, {reps} timed calls per row, on {len(gpus)} GPU(s) ({', '.join(gpus)}); seed {seed}"
+        f"{len(variants)} variant(s) + references, {reps} samples per row, on {len(gpus)} GPU(s) ({', '.join(gpus)}); seed {seed}; "
+        f"{MODE_TITLES[mode]}"
     )
     lane_of: dict[int, str] = {}
     with progress() as bar:
@@ -126,6 +134,7 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
     ]
     record = {
         "kind": "flashcore-sweep",
+        "mode": mode,
         "batch": batch,
         "heads": heads,
         "head_dim": dim,
@@ -168,7 +177,7 @@ def render_sweep(record: dict) -> None:
     env = record.get("environment", {})
     title = (
         f"sweep {record['batch']},{record['heads']},S,{record['head_dim']}{' causal' if record['causal'] else ''} "
-        f"on {env.get('gpu', '?')}: median us / TFLOP/s"
+        f"on {env.get('gpu', '?')}, {record.get('mode', 'cold')} mode: median us / TFLOP/s"
     )
     table = Table(title=title)
     table.add_column("name")

@@ -6,7 +6,8 @@
     3. the device's limits: each remaining combination is compiled by the no-GPU ptxas probe, and one whose
        kernels spill registers or cannot fit one CTA on an SM is skipped before any GPU time is spent;
     4. trials, spread over every visible GPU (gpus.py): each builds the combination (ignoring any stored
-       winner), checks it on the tune shape and two awkward ones, and times it only if every check passed;
+       winner), checks it on the tune shape and two awkward ones, and times it only if every check passed,
+       in the run's one timing mode (--mode cold, graph or host: timing.py; the record carries it);
     5. the ranking, and the winner stored per GPU model (tuned.py): every later build of the variant on that
        GPU, so `flashcore build/test/bench`, uses it.
 """
@@ -30,7 +31,7 @@ class Candidate:
     defines: dict[str, int]
     skipped: str = ""  # why it never ran: a constraint, spills, does not fit, compile failed
     resources: str = ""  # from the ptxas probe
-    status: str = ""  # the trial's: OK, MISMATCH, TIMEOUT, CRASH, BUILD-FAIL
+    status: str = ""  # the trial's: OK, MISMATCH, TIMEOUT, CRASH, BUILD-FAIL, SKIP (untimeable in the mode)
     timing: dict = field(default_factory=dict)
     gpu: str = ""  # the GPU model the trial ran on
     lane: str = ""  # which visible GPU
@@ -130,6 +131,7 @@ class TrialJob:
     reps: int
     warmup: int
     timeout: float
+    mode: str = "cold"
 
 
 def run_trial(job: TrialJob) -> dict:
@@ -146,11 +148,14 @@ def run_trial(job: TrialJob) -> dict:
         "case": job.case,
         "reps": job.reps,
         "warmup": job.warmup,
+        "modes": [job.mode],
     }
     worker = run_worker(spec, run_timeout=job.timeout)
     built = worker.find("built")
     device = worker.find("device")
-    result = {"key": built[0].get("key", "") if built else "", "gpu": device[0]["gpu"] if device else "", "timing": {}, "detail": ""}
+    env = (worker.find("environment") or [{}])[0]
+    result = {"key": built[0].get("key", "") if built else "", "gpu": device[0]["gpu"] if device else "", "timing": {}, "detail": "",
+              "environment": {k: v for k, v in env.items() if k != "event"}}  # fmt: skip
     if failed := worker.find("build-failed"):
         return {**result, "status": "BUILD-FAIL", "detail": failed[0]["errors"]}
     if worker.status == "timeout":
@@ -161,11 +166,13 @@ def run_trial(job: TrialJob) -> dict:
     if bad:
         e = bad[0]
         return {**result, "status": e["status"], "detail": f"{e['case']['shape']}{' causal' if e['case']['causal'] else ''}: {e['detail']}"}
-    timing = worker.find("timing")
+    timing = [e for e in worker.find("timing") if e.get("mode", job.mode) == job.mode]
     if not timing:
+        if skipped := worker.find("timing-skipped"):
+            return {**result, "status": "SKIP", "detail": f"{job.mode} mode: {skipped[0]['reason']}"}
         return {**result, "status": "CRASH", "detail": f"worker {worker.status}, exit {worker.returncode}\n{worker.log_tail}"}
-    keep = ("median_us", "p10_us", "p90_us", "samples_us")
-    return {**result, "status": "OK", "timing": {k: timing[0][k] for k in keep}}
+    keep = ("median_us", "p10_us", "p90_us", "calls_per_sample", "timed_out_samples", "samples_us")
+    return {**result, "status": "OK", "timing": {k: timing[0][k] for k in keep if k in timing[0]}}
 
 
 def check_cases(variant: Variant, shape, seed: int) -> list:
@@ -182,7 +189,7 @@ def ranked(candidates: list[Candidate]) -> list[Candidate]:
     return timed + [c for c in candidates if not c.median]
 
 
-def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup, timeout, arch_text, dry_run) -> int:
+def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup, timeout, arch_text, dry_run, mode_text="cold") -> int:
     from flashcore_cli.archs import parse_arch, parse_archs
     from flashcore_cli.bench import MIN_REPS
     from flashcore_cli.commands import console, progress, require_gpu
@@ -190,8 +197,11 @@ def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup
     from flashcore_cli.records import save_record
     from flashcore_cli.registry import load_registry
     from flashcore_cli.shapes import MISSION_SHAPE, Case, parse_shape
+    from flashcore_cli.references import clocks
+    from flashcore_cli.timing import parse_modes
     from flashcore_cli.tuned import store_tuned
 
+    (mode,) = parse_modes(mode_text, several=False)
     reg = load_registry(registry_path)
     variant = reg.get(name)
     params = parse_params(param_values, variant.tune, variant.name)
@@ -216,7 +226,7 @@ def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup
     runnable = [c for c in candidates if not c.skipped]
     console.print(f"{len(runnable)} to run on the GPU; {len(candidates) - len(runnable)} skipped")
     if dry_run or not runnable:
-        render_ranking(candidates, variant.name, f"{shape}{' causal' if causal else ''}", None)
+        render_ranking(candidates, variant.name, f"{shape}{' causal' if causal else ''}", None, mode)
         if not runnable:
             console.print("[bold red]no combination is left to run[/]")
         return 0 if dry_run else 1
@@ -224,10 +234,11 @@ def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup
     seed = new_seed()
     case = Case(shape, causal, seed)
     cases = tuple(c.as_dict() for c in check_cases(variant, shape, seed + 1))
-    run_trials(TrialJob(str(reg.path), variant.name, arch, (), cases, case.as_dict(), reps, warmup, timeout), runnable)
+    environments = run_trials(TrialJob(str(reg.path), variant.name, arch, (), cases, case.as_dict(), reps, warmup, timeout, mode), runnable)
     winners = best_per_gpu(candidates)
     record = {
         "kind": "flashcore-tune",
+        "mode": mode,
         "variant": variant.name,
         "arch": arch,
         "case": case.as_dict(),
@@ -236,9 +247,11 @@ def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup
         "constraints": variant.tune.constraints,
         "candidates": [c.as_dict() for c in candidates],
         "winners": {gpu: c.defines for gpu, c in winners.items()},
+        "environment": next((e for e in environments if e), {}),
+        "clocks_after": clocks(),
     }
     saved = save_record(record, "tune", variant.name)
-    render_ranking(candidates, variant.name, case.label(), saved)
+    render_ranking(candidates, variant.name, case.label(), saved, mode)
     if len({c.lane for c in runnable}) > 1:
         console.print("trials ran on several GPUs of the host: chip-to-chip differences are part of the comparison")
     if not winners:
@@ -246,25 +259,26 @@ def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup
         return 1
     for gpu, c in winners.items():
         path = store_tuned(variant.name, gpu, {k: str(v) for k, v in c.defines.items()},
-                           {"median_us": c.median, "case": case.as_dict(), "key": c.key, "record": str(saved)})  # fmt: skip
+                           {"median_us": c.median, "mode": mode, "case": case.as_dict(), "key": c.key, "record": str(saved)})  # fmt: skip
         console.print(f"winner on {gpu}: [bold]{c.label}[/] ({c.median:.1f} us); stored in {path}: "
                       f"`flashcore build/test/bench {variant.name}` on this GPU now use it")  # fmt: skip
     return 0
 
 
-def run_trials(template: TrialJob, runnable: list[Candidate]) -> None:
+def run_trials(template: TrialJob, runnable: list[Candidate]) -> list[dict]:
     """One trial per candidate (the template with the candidate's defines), over every visible GPU; each
-    candidate gets its status, timing, GPU and cache key."""
+    candidate gets its status, timing, GPU and cache key. Returns each trial's environment (GPU, driver, ...)."""
     import dataclasses
 
     from flashcore_cli.commands import console, progress
     from flashcore_cli.gpus import map_on_gpus, visible_gpus
     from flashcore_cli.shapes import Case
+    from flashcore_cli.timing import MODE_TITLES
 
     jobs = [dataclasses.replace(template, defines=tuple((k, str(v)) for k, v in c.defines.items())) for c in runnable]
     gpus = visible_gpus() or ["0"]
-    console.print(f"trials: check {len(template.cases)} case(s), then time {Case.from_dict(template.case).label()} ({template.reps} calls, "
-                  f"L2 flushed); {len(gpus)} GPU(s); seed {template.case['seed']}")  # fmt: skip
+    console.print(f"trials: check {len(template.cases)} case(s), then time {Case.from_dict(template.case).label()} "
+                  f"({template.reps} samples, {MODE_TITLES[template.mode]}); {len(gpus)} GPU(s); seed {template.case['seed']}")  # fmt: skip
     with progress() as bar:
         task = bar.add_task(f"{len(jobs)} trial(s)", total=len(jobs))
 
@@ -275,7 +289,8 @@ def run_trials(template: TrialJob, runnable: list[Candidate]) -> None:
             bar.advance(task)
             bar.console.print(f"  {c.label} (gpu {gpu}): {f'{c.median:.1f} us' if c.median else c.status}")
 
-        map_on_gpus(run_trial, jobs, gpus, on_done=on_done)
+        results = map_on_gpus(run_trial, jobs, gpus, on_done=on_done)
+    return [r.get("environment") or {} for r in results]
 
 
 def best_per_gpu(candidates: list[Candidate]) -> dict[str, Candidate]:
@@ -286,7 +301,7 @@ def best_per_gpu(candidates: list[Candidate]) -> dict[str, Candidate]:
     return best
 
 
-def render_ranking(candidates: list[Candidate], variant: str, case_label: str, saved) -> None:
+def render_ranking(candidates: list[Candidate], variant: str, case_label: str, saved, mode: str = "cold") -> None:
     from rich.markup import escape
     from rich.table import Table
 
@@ -295,7 +310,7 @@ def render_ranking(candidates: list[Candidate], variant: str, case_label: str, s
 
     order = ranked(candidates)
     best = order[0] if order and order[0].median else None
-    table = Table(title=f"tune {variant} at {case_label}" + (f" (record: {saved})" if saved else ""))
+    table = Table(title=f"tune {variant} at {case_label}, {mode} mode" + (f" (record: {saved})" if saved else ""))
     for col, just in (("#", "right"), ("parameters", "left"), ("status", "left"), ("median us", "right"),
                       ("p10-p90 us", "right"), ("vs best", "right"), ("ptxas (kernels used)", "left"), ("note", "left")):  # fmt: skip
         table.add_column(col, justify=just, overflow="fold")

@@ -5,8 +5,9 @@
 Tasks: "build" (build one variant), "test" (build, then check cases), "bench" (build, check the bench
 shape, then time it), "references" (time PyTorch SDPA's backends and the Triton reference), "launch"
 (call a variant a few times for compute-sanitizer or ncu to watch), "trial" (one tuning combination:
-check, then time). Progress goes
-to the spec's events file as JSON lines; the last line of a clean run is {"event": "done"}.
+check, then time). Timing tasks time in each mode of spec["modes"] (timing.py; default ["cold"]) and emit
+one "timing" event per mode, or "timing-skipped" with the reason where the call cannot be timed in a mode.
+Progress goes to the spec's events file as JSON lines; the last line of a clean run is {"event": "done"}.
 """
 
 from __future__ import annotations
@@ -69,20 +70,29 @@ def _check(attn, case: Case, events: Events):
     return result
 
 
+def _modes(spec: dict) -> list[str]:
+    return list(spec.get("modes") or ["cold"])
+
+
 def _time(attn, case: Case, spec: dict, events: Events) -> None:
     import torch
 
     from flashcore_cli.check import make_inputs
-    from flashcore_cli.timing import time_callable
+    from flashcore_cli.timing import TimingError, time_callable
 
     q, k, v = make_inputs(case)
     out = torch.empty_like(q)
-    try:
-        timing = time_callable(lambda: attn(q, k, v, causal=case.causal, out=out), reps=spec["reps"], warmup=spec["warmup"])
-    except Exception as exc:
-        _crash(events, exc, f"timing {case.label()}")
-        return
-    events.emit("timing", name=attn.name, key=attn.build.key, **timing.as_dict())
+    for mode in _modes(spec):
+        try:
+            timing = time_callable(lambda: attn(q, k, v, causal=case.causal, out=out), mode=mode, reps=spec["reps"],
+                                   warmup=spec["warmup"])  # fmt: skip
+        except TimingError as exc:  # this mode cannot time the call: say why, go on with the next mode
+            events.emit("timing-skipped", name=attn.name, key=attn.build.key, mode=mode, reason=str(exc))
+            continue
+        except Exception as exc:
+            _crash(events, exc, f"timing {case.label()} ({mode} mode)")
+            return
+        events.emit("timing", name=attn.name, key=attn.build.key, **timing.as_dict())
 
 
 def task_test(spec: dict, events: Events) -> None:
@@ -108,25 +118,36 @@ def task_bench(spec: dict, events: Events) -> None:
 def task_references(spec: dict, events: Events) -> None:
     from flashcore_cli.references import environment, reference_functions
     from flashcore_cli.check import make_inputs
-    from flashcore_cli.timing import L2Flusher, time_callable
+    from flashcore_cli.timing import L2Flusher, TimingError, time_callable
 
     events.emit("built", note="references need no build")
     events.emit("environment", **environment())
     case = Case.from_dict(spec["case"])
     q, k, v = make_inputs(case)
-    flusher = L2Flusher()
+    modes = _modes(spec)
+    flusher = L2Flusher() if "cold" in modes else None
     for name, fn, context, why_not in reference_functions(q, k, v, case.causal):
         if fn is None:
-            events.emit("reference-skipped", name=name, reason=why_not)
+            events.emit("reference-skipped", name=name, reason=why_not)  # no mode: skipped in every mode
             continue
-        try:
-            with context:
+        with context:  # entered once per row (a backend pin is a one-shot context manager)
+            try:
                 fn()
-                timing = time_callable(fn, reps=spec["reps"], warmup=spec["warmup"], flusher=flusher)
-        except Exception as exc:  # a backend that cannot run this shape: say so and go on
-            events.emit("reference-skipped", name=name, reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-            continue
-        events.emit("timing", name=name, **timing.as_dict())
+            except Exception as exc:  # a backend that cannot run this shape: say so and go on
+                events.emit("reference-skipped", name=name, reason=_first_line(exc))
+                continue
+            for mode in modes:
+                try:
+                    timing = time_callable(fn, mode=mode, reps=spec["reps"], warmup=spec["warmup"], flusher=flusher)
+                except Exception as exc:  # this mode cannot time it (e.g. no graph capture): the reason, per mode
+                    reason = str(exc) if isinstance(exc, TimingError) else _first_line(exc)
+                    events.emit("reference-skipped", name=name, mode=mode, reason=reason)
+                    continue
+                events.emit("timing", name=name, **timing.as_dict())
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
 
 
 def task_launch(spec: dict, events: Events) -> None:
@@ -158,10 +179,13 @@ def task_trial(spec: dict, events: Events) -> None:
     out), check every case, and time spec["case"] only if all passed."""
     import torch
 
+    from flashcore_cli.references import environment
+
     attn = _build(spec, events)
     if attn is None:
         return
     events.emit("device", gpu=torch.cuda.get_device_name())
+    events.emit("environment", **environment())
     for raw in spec["cases"]:
         result = _check(attn, Case.from_dict(raw), events)
         if result is None or result.status != "OK":

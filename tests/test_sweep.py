@@ -66,7 +66,8 @@ def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch):
     assert "pip install matplotlib" in result.output and "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("args, needle", [(["--seq", "512,abc"], "bad --seq"), (["--reps", "5"], "at least 100"), (["--dim", "0"], "bad shape")])
+@pytest.mark.parametrize("args, needle", [(["--seq", "512,abc"], "bad --seq"), (["--reps", "5"], "at least 100"), (["--dim", "0"], "bad shape"),
+                                          (["--mode", "warm"], "bad --mode 'warm'"), (["--mode", "cold,host"], "one mode at a time")])
 def test_bad_input_is_exit_2(args, needle):
     result = runner.invoke(app, ["sweep", "baseline", *args])
     assert result.exit_code == 2 and needle in result.output
@@ -96,6 +97,7 @@ def test_sweep_two_lengths_with_a_chart(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert png.read_bytes()[:4] == b"\x89PNG"
     (record,) = tmp_path.glob("sweep-*.json")
+    assert json.loads(record.read_text())["mode"] == "cold"  # the default
     rows = json.loads(record.read_text())["rows"]
     for s in (256, 512):
         mine = next(r for r in rows if r["name"] == "baseline" and r["seq_len"] == s)
@@ -118,16 +120,22 @@ def test_the_command_end_to_end_with_fake_timings(monkeypatch, tmp_path):
     """No GPU: bench's variant and reference timings are faked; the jobs, the record, the table and the chart are real."""
     from flashcore_cli import bench, commands, gpus
 
-    def fake_references(case, *, reps, warmup, timeout, on_event=None):
+    asked_modes = set()
+
+    def fake_references(case, *, reps, warmup, timeout, modes=("cold",), on_event=None):
+        asked_modes.update(modes)
         s = case.shape.seq_len
         rows = [BenchRow("sdpa", "reference", "OK", {"median_us": s / 50, "p10_us": s / 51, "p90_us": s / 49, "samples_us": [s / 50] * reps})]
-        return rows + [BenchRow("triton", "reference", "SKIP", detail="no triton")], {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11"}
+        rows += [BenchRow("triton", "reference", "SKIP", detail="no triton")]
+        return {m: rows for m in modes}, {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11"}
 
-    def fake_variant(registry, variant, case, *, arch, reps, warmup, timeout, on_event=None, defines=None):
+    def fake_variant(registry, variant, case, *, arch, reps, warmup, timeout, modes=("cold",), on_event=None, defines=None):
+        asked_modes.update(modes)
         s = case.shape.seq_len
         if s > 512:
-            return BenchRow(variant.name, "variant", "TIMEOUT", detail="killed after 300 s (run)")
-        return BenchRow(variant.name, "variant", "OK", {"median_us": s / 10, "p10_us": s / 11, "p90_us": s / 9, "samples_us": [s / 10] * reps})
+            return {m: BenchRow(variant.name, "variant", "TIMEOUT", detail="killed after 300 s (run)") for m in modes}
+        timing = {"median_us": s / 10, "p10_us": s / 11, "p90_us": s / 9, "samples_us": [s / 10] * reps}
+        return {m: BenchRow(variant.name, "variant", "OK", timing) for m in modes}
 
     monkeypatch.setattr(bench, "bench_references", fake_references)
     monkeypatch.setattr(bench, "bench_variant", fake_variant)
@@ -136,10 +144,11 @@ def test_the_command_end_to_end_with_fake_timings(monkeypatch, tmp_path):
     monkeypatch.setattr(commands, "require_gpu", lambda command: None)
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path))
     plot = ["--plot", str(tmp_path / "s.png")] if __import__("importlib").util.find_spec("matplotlib") else []
-    result = runner.invoke(app, ["sweep", "baseline", "--seq", "1024,512", "--causal", *plot])
+    result = runner.invoke(app, ["sweep", "baseline", "--seq", "1024,512", "--causal", "--mode", "graph", *plot])
     assert result.exit_code == 0, result.output
     (saved,) = tmp_path.glob("sweep-*-1_8_S_64-causal.json")
     record = json.loads(saved.read_text())
+    assert record["mode"] == "graph" and asked_modes == {"graph"}  # every row of the run in the one mode
     assert record["seq_lens"] == [512, 1024] and record["gpus"] == ["0", "1"] and record["causal"] is True
     mine = {r["seq_len"]: r for r in record["rows"] if r["name"] == "baseline"}
     assert mine[512]["status"] == "OK" and mine[1024]["status"] == "TIMEOUT"

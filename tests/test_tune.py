@@ -181,10 +181,12 @@ def test_the_command_end_to_end_with_fake_trials(monkeypatch, tmp_path, fresh_ca
     monkeypatch.setattr(gpus, "visible_gpus", lambda: ["0"])
     monkeypatch.setattr(commands, "require_gpu", lambda command: None)
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path))
-    result = runner.invoke(app, ["--registry", TUNE_REGISTRY, "tune", "tunable", "--shape", "1,2,128,64"])
+    result = runner.invoke(app, ["--registry", TUNE_REGISTRY, "tune", "tunable", "--shape", "1,2,128,64", "--mode", "host"])
     assert result.exit_code == 0, result.output
     assert [s["defines"] for s in specs] == [{"FC_TUNE_UNUSED": "1"}, {"FC_TUNE_UNUSED": "2"}]  # 3: the constraint
-    assert all(s["ignore_tuned"] and s["task"] == "trial" for s in specs)
+    assert all(s["ignore_tuned"] and s["task"] == "trial" and s["modes"] == ["host"] for s in specs)
+    (saved,) = tmp_path.glob("tune-*.json")
+    assert json.loads(saved.read_text())["mode"] == "host"
     cases = {(c["shape"], c["causal"]) for c in specs[0]["cases"]}
     assert cases == {(s, causal) for s in ("1,2,128,64", "2,3,17,64", "2,3,97,64") for causal in (False, True)}
     assert tuned_defines("tunable", "NVIDIA H100 80GB HBM3") == {"FC_TUNE_UNUSED": "2"}
