@@ -9,11 +9,22 @@
 
 #include "flashcore.h"
 
+// A rung that takes bf16 too defines its own flashcore_dtypes(); this default is fp16 only.
+__attribute__((weak)) int flashcore_dtypes() { return 1 << kFlashcoreFloat16; }
+
 namespace {
+
+bool takes(FlashcoreDtype dtype) { return (flashcore_dtypes() >> dtype) & 1; }
 
 void check_input(const torch::Tensor& t, const char* name, const torch::Tensor& q) {
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got a tensor on ", t.device());
-  TORCH_CHECK(t.scalar_type() == torch::kHalf, name, " must be float16, got ", t.scalar_type());
+  if (takes(kFlashcoreBFloat16)) {
+    TORCH_CHECK(t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16, name,
+                " must be float16 or bfloat16, got ", t.scalar_type());
+    TORCH_CHECK(t.scalar_type() == q.scalar_type(), name, " is ", t.scalar_type(), " but q is ", q.scalar_type());
+  } else {
+    TORCH_CHECK(t.scalar_type() == torch::kHalf, name, " must be float16, got ", t.scalar_type());
+  }
   TORCH_CHECK(t.dim() == 4, name, " must be 4-D [B, H, S, D], got shape ", t.sizes());
   TORCH_CHECK(t.sizes() == q.sizes(), name, " has shape ", t.sizes(), " but q has ", q.sizes());
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
@@ -34,10 +45,11 @@ torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torc
   if (q.numel() == 0) return o;
 
   FlashcoreParams p;
-  p.q = reinterpret_cast<const __half*>(q.data_ptr<at::Half>());
-  p.k = reinterpret_cast<const __half*>(k.data_ptr<at::Half>());
-  p.v = reinterpret_cast<const __half*>(v.data_ptr<at::Half>());
-  p.o = reinterpret_cast<__half*>(o.data_ptr<at::Half>());
+  p.q = reinterpret_cast<const __half*>(q.data_ptr());
+  p.k = reinterpret_cast<const __half*>(k.data_ptr());
+  p.v = reinterpret_cast<const __half*>(v.data_ptr());
+  p.o = reinterpret_cast<__half*>(o.data_ptr());
+  p.dtype = q.scalar_type() == torch::kBFloat16 ? kFlashcoreBFloat16 : kFlashcoreFloat16;
   p.batch = static_cast<int>(q.size(0));
   p.heads = static_cast<int>(q.size(1));
   p.seq_len = static_cast<int>(q.size(2));
@@ -63,6 +75,7 @@ std::vector<std::tuple<std::string, int, int>> plan(int head_dim) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "attention forward: o = softmax(q k^T * scale) v", py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("out") = py::none());
+  m.def("dtypes", &flashcore_dtypes, "the element types the launcher takes: a mask of 1 << (0: fp16, 1: bf16)");
   m.def("plan", &plan, "the kernels, threads and dynamic shared memory the launcher uses at a head dim",
         py::arg("head_dim"));
 }

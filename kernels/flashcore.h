@@ -12,8 +12,11 @@
 //                      nullptr on success, or a message that names what went wrong (the binding raises
 //                      it as a Python error, so a bad launch is a clear error, never silent garbage).
 //
-// Tensors are [B, H, S, D], fp16, contiguous; Q, K and V share S (self-attention). Under `causal`,
-// query i sees keys 0..i.
+//   flashcore_dtypes   which element types the launcher takes, as a mask of 1 << FlashcoreDtype. Optional:
+//                      the binding's default says fp16 only, so a rung defines it only to take bf16 too.
+//
+// Tensors are [B, H, S, D], contiguous, fp16 (or bf16 where a rung says so); Q, K and V share S
+// (self-attention). Under `causal`, query i sees keys 0..i.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -22,8 +25,10 @@
 #include <cstdarg>
 #include <cstdio>
 
+enum FlashcoreDtype : int { kFlashcoreFloat16 = 0, kFlashcoreBFloat16 = 1 };
+
 struct FlashcoreParams {
-  const __half* q;  // [B, H, S, D]
+  const __half* q;  // [B, H, S, D]; the element type is `dtype` (a bf16 rung reinterprets the pointers)
   const __half* k;  // [B, H, S, D]
   const __half* v;  // [B, H, S, D]
   __half* o;        // [B, H, S, D]
@@ -33,6 +38,7 @@ struct FlashcoreParams {
   int head_dim;
   float scale;      // softmax scale; the binding passes 1/sqrt(D) unless the caller gave one
   bool causal;      // mask key j > query i
+  FlashcoreDtype dtype;  // fp16 unless flashcore_dtypes() admits bf16 and the tensors are bf16
 };
 
 struct FlashcoreKernelPlan {
@@ -46,6 +52,9 @@ int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans);
 
 // nullptr on success, else a message (valid until the calling thread's next call).
 const char* flashcore_forward(const FlashcoreParams& p, cudaStream_t stream);
+
+// 1 << kFlashcoreFloat16 unless the rung defines it.
+int flashcore_dtypes();
 
 namespace fc {
 

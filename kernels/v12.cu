@@ -53,6 +53,8 @@
 //   - 3 consumer warpgroups at 2,16,4096,64: 423 vs 418, causal 336 vs 343 (a third of a wave idle): kept for
 //     long grids only.
 // Next: a persistent grid that loads tile i+1's Q and first K during tile i's last steps and epilogue.
+#include <type_traits>
+
 #include "flashcore.h"
 #include "hopper.cuh"
 
@@ -138,18 +140,34 @@ __device__ __forceinline__ void online_softmax(float (&s)[kBlockN / 2], RowState
   }
 }
 
+// Two floats rounded to one packed pair of the element type T (__half or __nv_bfloat16), and T's 1.0 twice.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float a, float b);
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
+  const __half2 v = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+template <typename T>
+constexpr uint32_t kOnePair = 0x3C003C00u;  // fp16 1.0, 1.0
+template <>
+constexpr uint32_t kOnePair<__nv_bfloat16> = 0x3F803F80u;  // bf16 1.0, 1.0
+
 // The P tile as wgmma A fragments: k-step kk packs score chunks 2kk and 2kk + 1 (no shuffles needed).
-template <int kBlockN>
+template <typename T, int kBlockN>
 __device__ __forceinline__ void pack_p(const float (&s)[kBlockN / 2], uint32_t (&pa)[kBlockN / 16][4]) {
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int j = 2 * kk + half;
-      const __half2 top = __floats2half2_rn(s[4 * j], s[4 * j + 1]);
-      const __half2 bottom = __floats2half2_rn(s[4 * j + 2], s[4 * j + 3]);
-      pa[kk][2 * half] = *reinterpret_cast<const uint32_t*>(&top);
-      pa[kk][2 * half + 1] = *reinterpret_cast<const uint32_t*>(&bottom);
+      pa[kk][2 * half] = pack2<T>(s[4 * j], s[4 * j + 1]);
+      pa[kk][2 * half + 1] = pack2<T>(s[4 * j + 2], s[4 * j + 3]);
     }
   }
 }
@@ -157,13 +175,13 @@ __device__ __forceinline__ void pack_p(const float (&s)[kBlockN / 2], uint32_t (
 // S = Q_i K_j^T for this warpgroup's 64 rows: kHeadDim / 16 k-steps, both operands K-major in 128-byte
 // panels (a k-step moves 32 bytes along the row; every 4 steps the next panel). Descriptors are built once
 // per tile base and stepped by adding the byte offset >> 4 to their start-address field.
-template <int kHeadDim, int kBlockN, int kBlockM>
+template <typename T, int kHeadDim, int kBlockN, int kBlockM>
 __device__ __forceinline__ void gemm_qk(float (&s)[kBlockN / 2], uint64_t desc_q, uint64_t desc_k) {
   fc::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 16; ++kk) {
     const int panel = kk / 4, within = (kk % 4) * 32;
-    fc::wgmma_ss<kBlockN>(s, desc_q + ((panel * kBlockM * 128 + within) >> 4),
+    fc::wgmma_ss<kBlockN, T>(s, desc_q + ((panel * kBlockM * 128 + within) >> 4),
                           desc_k + ((panel * kBlockN * 128 + within) >> 4), kk > 0);
   }
   fc::wgmma_commit();
@@ -171,11 +189,11 @@ __device__ __forceinline__ void gemm_qk(float (&s)[kBlockN / 2], uint64_t desc_q
 
 // O += P V_j: kBlockN / 16 k-steps over the keys; V is read transposed (N-major: its rows are keys, its
 // 64-column panels lie kBlockN * 128 bytes apart), 16 keys = 2048 bytes per step.
-template <int kOCols, int kBlockN>
+template <typename T, int kOCols, int kBlockN>
 __device__ __forceinline__ void gemm_pv(float (&o)[kOCols / 2], const uint32_t (&pa)[kBlockN / 16][4], uint64_t desc_v) {
   fc::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) fc::wgmma_rs<kOCols>(o, pa[kk], desc_v + ((kk * 2048) >> 4), 1);
+  for (int kk = 0; kk < kBlockN / 16; ++kk) fc::wgmma_rs<kOCols, T>(o, pa[kk], desc_v + ((kk * 2048) >> 4), 1);
   fc::wgmma_commit();
 }
 
@@ -184,7 +202,7 @@ __device__ __forceinline__ void release(uint64_t* bar) {
   if (threadIdx.x % 32 == 0) fc::mbarrier_arrive(bar);
 }
 
-template <int kHeadDim, int kBlockN, int kConsumers>
+template <int kHeadDim, int kBlockN, int kConsumers, typename T>
 __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThreads, 1)
     v12_fwd(const FlashcoreParams p, const __grid_constant__ Maps maps) {
   using Cfg = Config<kHeadDim, kBlockN, kConsumers>;
@@ -214,12 +232,12 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
     }
     fc::fence_mbarrier_init();
   }
-  // The ones panels after each V slot (fp16 1.0 = 0x3C00), written once; the tensor cores read them
+  // The ones panels after each V slot, written once; the tensor cores read them
   // through the async proxy, hence the fence before the barrier.
   for (int slot = 0; slot < kStages; ++slot) {
     uint4* ones = reinterpret_cast<uint4*>(smem + Cfg::kVOffset + slot * Cfg::kVSlotBytes + Cfg::kKVBytes);
     for (int i = threadIdx.x; i < kBlockN * 128 / 16; i += Cfg::kThreads) {
-      ones[i] = make_uint4(0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u);
+      ones[i] = make_uint4(kOnePair<T>, kOnePair<T>, kOnePair<T>, kOnePair<T>);
     }
   }
   fc::fence_proxy_async_shared();
@@ -294,24 +312,24 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
   // Tile 0: S = Q_i K_0^T, then its softmax.
   fc::mbarrier_wait_parity(&bars.k_full[0], 0);
   fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
-  gemm_qk<kHeadDim, kBlockN, kBlockM>(s, desc_q, desc_k0);
+  gemm_qk<T, kHeadDim, kBlockN, kBlockM>(s, desc_q, desc_k0);
   fc::wgmma_fence_operands(s);
   fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);
   fc::wgmma_wait<0>();
   fc::wgmma_fence_operands(s);
   release(&bars.k_empty[0]);
   softmax(0);
-  pack_p<kBlockN>(s, pa);
+  pack_p<T, kBlockN>(s, pa);
 
   for (int n = 1; n < num_n; ++n) {
     const int sk = n % kStages, sv = (n - 1) % kStages;
     // Issue S_next = Q_i K_n^T, then O += P V_{n-1}; the softmax of S_next overlaps P V_{n-1}.
     fc::mbarrier_wait_parity(&bars.k_full[sk], (n / kStages) & 1);
     fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
-    gemm_qk<kHeadDim, kBlockN, kBlockM>(s, desc_q, desc_k0 + sk * kKSlotStep);
+    gemm_qk<T, kHeadDim, kBlockN, kBlockM>(s, desc_q, desc_k0 + sk * kKSlotStep);
     fc::wgmma_fence_operands(s);
     fc::mbarrier_wait_parity(&bars.v_full[sv], ((n - 1) / kStages) & 1);
-    gemm_pv<Cfg::kOCols, kBlockN>(o, pa, desc_v0 + sv * kVSlotStep);
+    gemm_pv<T, Cfg::kOCols, kBlockN>(o, pa, desc_v0 + sv * kVSlotStep);
     fc::wgmma_fence_operands(o);
     fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);
     fc::wgmma_wait<1>();  // S_next has landed; P V may still run
@@ -330,13 +348,13 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
       o[4 * j + 2] *= alpha[1];
       o[4 * j + 3] *= alpha[1];
     }
-    pack_p<kBlockN>(s, pa);
+    pack_p<T, kBlockN>(s, pa);
   }
   // The last tile's O += P V.
   const int sv = (num_n - 1) % kStages;
   fc::mbarrier_wait_parity(&bars.v_full[sv], ((num_n - 1) / kStages) & 1);
   fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
-  gemm_pv<Cfg::kOCols, kBlockN>(o, pa, desc_v0 + sv * kVSlotStep);
+  gemm_pv<T, Cfg::kOCols, kBlockN>(o, pa, desc_v0 + sv * kVSlotStep);
   fc::wgmma_fence_operands(o);
   if (g + 1 < kConsumers) fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);  // the last turn passes none on
   fc::wgmma_wait<0>();
@@ -361,9 +379,9 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = r_local + 8 * h;
-      const __half2 v2 = __floats2half2_rn(o[4 * j + 2 * h] * inv_l[h], o[4 * j + 2 * h + 1] * inv_l[h]);
+      const uint32_t v2 = pack2<T>(o[4 * j + 2 * h] * inv_l[h], o[4 * j + 2 * h + 1] * inv_l[h]);
       unsigned char* dst = rows_base + panel * kBlockM * 128 + r * 128 + ((chunk ^ (r % 8)) * 16) + within;
-      *reinterpret_cast<__half2*>(dst) = v2;
+      *reinterpret_cast<uint32_t*>(dst) = v2;
     }
   }
   fc::fence_proxy_async_shared();
@@ -378,18 +396,20 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
   }
 }
 
-template <int kHeadDim, int kBlockN, int kConsumers>
+template <int kHeadDim, int kBlockN, int kConsumers, typename T>
 const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
   using Cfg = Config<kHeadDim, kBlockN, kConsumers>;
   constexpr int kBlockM = Cfg::kBlockM;
-  const auto kernel = v12_fwd<kHeadDim, kBlockN, kConsumers>;
+  constexpr CUtensorMapDataType kType =
+      std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const auto kernel = v12_fwd<kHeadDim, kBlockN, kConsumers, T>;
   if (const char* err = fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes)) return err;
   const int bh = p.batch * p.heads;
   Maps maps;
-  if (!fc::encode_panel_map(&maps.q, p.q, bh, p.seq_len, kHeadDim, kBlockM, Cfg::kPanels) ||
-      !fc::encode_panel_map(&maps.k, p.k, bh, p.seq_len, kHeadDim, kBlockN, Cfg::kPanels) ||
-      !fc::encode_panel_map(&maps.v, p.v, bh, p.seq_len, kHeadDim, kBlockN, Cfg::kPanels) ||
-      !fc::encode_panel_map(&maps.o, p.o, bh, p.seq_len, kHeadDim, 64, 1)) {
+  if (!fc::encode_panel_map(&maps.q, kType, p.q, bh, p.seq_len, kHeadDim, kBlockM, Cfg::kPanels) ||
+      !fc::encode_panel_map(&maps.k, kType, p.k, bh, p.seq_len, kHeadDim, kBlockN, Cfg::kPanels) ||
+      !fc::encode_panel_map(&maps.v, kType, p.v, bh, p.seq_len, kHeadDim, kBlockN, Cfg::kPanels) ||
+      !fc::encode_panel_map(&maps.o, kType, p.o, bh, p.seq_len, kHeadDim, 64, 1)) {
     return fc::message("v12: the driver refused a TMA tensor map (is the driver new enough, the tensor 16-byte aligned?)");
   }
   const dim3 grid(fc::ceil_div(p.seq_len, kBlockM), bh);
@@ -420,24 +440,35 @@ static bool wide_tiles_pay(const FlashcoreParams& p) {
   return tiles >= 8L * sms;
 }
 
+int flashcore_dtypes() { return (1 << kFlashcoreFloat16) | (1 << kFlashcoreBFloat16); }
+
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
-  if (head_dim == 64 && max_plans >= 2) {
-    plans[0] = {"v12_fwd<64, 128, 2>", Cfg64::kThreads, Cfg64::kSmemBytes};
-    plans[1] = {"v12_fwd<64, 128, 3>", Cfg64Wide::kThreads, Cfg64Wide::kSmemBytes};
-    return 2;
+  if (head_dim == 64 && max_plans >= 4) {
+    plans[0] = {"v12_fwd<64, 128, 2, __half>", Cfg64::kThreads, Cfg64::kSmemBytes};
+    plans[1] = {"v12_fwd<64, 128, 3, __half>", Cfg64Wide::kThreads, Cfg64Wide::kSmemBytes};
+    plans[2] = {"v12_fwd<64, 128, 2, __nv_bfloat16>", Cfg64::kThreads, Cfg64::kSmemBytes};
+    plans[3] = {"v12_fwd<64, 128, 3, __nv_bfloat16>", Cfg64Wide::kThreads, Cfg64Wide::kSmemBytes};
+    return 4;
   }
-  if (head_dim == 128 && max_plans >= 1) {
-    plans[0] = {"v12_fwd<128, 128, 2>", Cfg128::kThreads, Cfg128::kSmemBytes};
-    return 1;
+  if (head_dim == 128 && max_plans >= 2) {
+    plans[0] = {"v12_fwd<128, 128, 2, __half>", Cfg128::kThreads, Cfg128::kSmemBytes};
+    plans[1] = {"v12_fwd<128, 128, 2, __nv_bfloat16>", Cfg128::kThreads, Cfg128::kSmemBytes};
+    return 2;
   }
   return 0;
 }
 
-const char* flashcore_forward(const FlashcoreParams& p, cudaStream_t stream) {
-  if (!(p.scale > 0.f)) return fc::message("v12 needs a positive softmax scale (got %g)", p.scale);
+template <typename T>
+static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
-    case 64: return wide_tiles_pay(p) ? launch<64, kKeysPerTile, 3>(p, stream) : launch<64, kKeysPerTile, 2>(p, stream);
-    case 128: return launch<128, kKeysPerTile, 2>(p, stream);
+    case 64:
+      return wide_tiles_pay(p) ? launch<64, kKeysPerTile, 3, T>(p, stream) : launch<64, kKeysPerTile, 2, T>(p, stream);
+    case 128: return launch<128, kKeysPerTile, 2, T>(p, stream);
     default: return fc::unsupported_head_dim(p.head_dim);
   }
+}
+
+const char* flashcore_forward(const FlashcoreParams& p, cudaStream_t stream) {
+  if (!(p.scale > 0.f)) return fc::message("v12 needs a positive softmax scale (got %g)", p.scale);
+  return p.dtype == kFlashcoreBFloat16 ? forward<__nv_bfloat16>(p, stream) : forward<__half>(p, stream);
 }
