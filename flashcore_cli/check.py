@@ -30,10 +30,24 @@ class CaseResult:
 
 
 def make_inputs(case: Case, device="cuda"):
+    """q, k, v for a case, drawn as its `inputs` kind says (shapes.INPUT_KINDS), from its seed."""
     import torch
 
     gen = torch.Generator(device=device).manual_seed(case.seed)
     shape = (case.shape.batch, case.shape.heads, case.shape.seq_len, case.shape.head_dim)
+
+    def randn(scale: float = 1.0, rows: int | None = None):
+        size = shape if rows is None else (*shape[:2], rows, shape[3])
+        return (torch.randn(size, generator=gen, device=device, dtype=torch.float32) * scale).half()
+
+    if case.inputs == "large":
+        return [randn(30.0) for _ in range(3)]
+    if case.inputs == "one-hot":
+        x = randn(30.0)
+        return [x, x.clone(), x.clone()]
+    if case.inputs == "uniform":
+        q, row, v = randn(), randn(rows=1), randn()
+        return [q, row.expand(shape).contiguous(), v]
     return [torch.randn(shape, generator=gen, device=device, dtype=torch.float16) for _ in range(3)]
 
 

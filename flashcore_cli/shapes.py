@@ -24,21 +24,31 @@ class Shape:
         return asdict(self)
 
 
+# How a case's inputs are drawn (check.make_inputs): "randn" (q, k, v independent standard normal), or one
+# of the extreme magnitudes where SDPA is often exact, so a variant must be too:
+#   "large"    q, k, v independent randn * 30: logits of |x| ~ 1000 at D=64;
+#   "one-hot"  q = k = v = randn * 30: each row's own key wins by thousands, so every row is one-hot;
+#   "uniform"  every key row the same: all scores of a row are equal, uniform rows.
+INPUT_KINDS = ("randn", "large", "one-hot", "uniform")
+
+
 @dataclass(frozen=True)
 class Case:
     shape: Shape
     causal: bool
     seed: int
+    inputs: str = "randn"
 
     def label(self) -> str:
-        return f"{self.shape}{' causal' if self.causal else ''}"
+        return f"{self.shape}{' causal' if self.causal else ''}{'' if self.inputs == 'randn' else ' ' + self.inputs}"
 
     def as_dict(self) -> dict:
-        return {"shape": str(self.shape), "causal": self.causal, "seed": self.seed}
+        d = {"shape": str(self.shape), "causal": self.causal, "seed": self.seed}
+        return d if self.inputs == "randn" else d | {"inputs": self.inputs}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Case":
-        return cls(parse_shape(d["shape"]), bool(d["causal"]), int(d["seed"]))
+        return cls(parse_shape(d["shape"]), bool(d["causal"]), int(d["seed"]), str(d.get("inputs", "randn")))
 
 
 def parse_shape(text: str) -> Shape:
@@ -76,8 +86,23 @@ DEFAULT_SHAPES = [
 ]
 
 
+# And the extreme magnitudes (INPUT_KINDS): one-hot rows in both of v11's regimes on a 132-SM GPU (short at
+# 1,2,300, long at 2,40,200), large logits, and uniform rows at an odd length.
+EXTREME_SHAPES = [
+    ("one-hot", (1, 2, 300)),
+    ("one-hot", (2, 40, 200)),
+    ("large", (1, 4, 256)),
+    ("uniform", (1, 3, 97)),
+]
+
+
 def default_cases(head_dims, base_seed: int) -> list[Case]:
-    return expand_cases([Shape(b, h, s, d) for d in head_dims for (b, h, s) in DEFAULT_SHAPES], base_seed)
+    cases = expand_cases([Shape(b, h, s, d) for d in head_dims for (b, h, s) in DEFAULT_SHAPES], base_seed)
+    for d in head_dims:
+        for inputs, (b, h, s) in EXTREME_SHAPES:
+            for causal in (False, True):
+                cases.append(Case(Shape(b, h, s, d), causal, base_seed + len(cases), inputs))
+    return cases
 
 
 def expand_cases(shapes: list[Shape], base_seed: int, causal_modes=(False, True)) -> list[Case]:

@@ -112,16 +112,6 @@ __device__ __forceinline__ void load_q_fragments_global(QFragments<Cfg>& q_frag,
     }
 }
 
-// l_i: the four lanes of a row each summed a quarter of its columns.
-template <class Cfg>
-__device__ __forceinline__ void sum_row_quads(float (&l_i)[Cfg::kMTiles][2]) {
-#pragma unroll
-  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-    l_i[mt][0] = fc::group_sum<4>(l_i[mt][0]);
-    l_i[mt][1] = fc::group_sum<4>(l_i[mt][1]);
-  }
-}
-
 // S = Q_i K_j^T for the warp's rows against kBlockN keys (raw scores: the scale is folded into exp2).
 // q_frag holds Q_i when Cfg::kQInRegs; otherwise Q_i is re-read from shared memory at q_lane.
 template <class Cfg, class QFrag>
@@ -178,11 +168,10 @@ __device__ __forceinline__ void mask_scores(float (&s)[Cfg::kMTiles][Cfg::kNTile
 }
 
 // m_new = max(m_i, rowmax(S)); P = exp2(S * scale_log2 - m_i * scale_log2) in place of S;
-// l_i = alpha l_i + rowsum(P); O = diag(alpha) O with alpha = exp2((m_i - m_new) * scale_log2).
-// m_i is kept in raw-score units (so scale must be > 0). A warp none of whose rows found a new max in the
-// tile skips the O rescale (kMTiles * kHeadDim / 2 multiplies per lane), which fires more often the further
-// along the row. l_i stays a per-lane partial sum: alpha is the same for the four lanes of a row, so the
-// quad reduction can wait until the end (sum_row_quads).
+// O = diag(alpha) O and l_i = alpha l_i with alpha = exp2((m_i - m_new) * scale_log2); accumulate_pv then adds
+// rowsum(P) to l_i. m_i is kept in raw-score units (so scale must be > 0). A warp none of whose rows found a new
+// max in the tile skips the O rescale (kMTiles * kHeadDim / 2 multiplies per lane), which fires more often the
+// further along the row.
 template <class Cfg>
 __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4],
                                                float (&o)[Cfg::kMTiles][Cfg::kDTiles][4],
@@ -208,15 +197,11 @@ __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kNT
       }
       // A row with nothing visible yet keeps m = -inf; subtracting 0 then gives exp2(-inf) = 0, not NaN.
       const float m_scaled = m_i[mt][h] == -INFINITY ? 0.f : m_i[mt][h] * scale_log2;
-      float row_sum = 0.f;
 #pragma unroll
       for (int j = 0; j < Cfg::kNTiles; ++j)
 #pragma unroll
-        for (int c = 2 * h; c < 2 * h + 2; ++c) {
-          s[mt][j][c] = exp2f(fmaf(s[mt][j][c], scale_log2, -m_scaled));
-          row_sum += s[mt][j][c];
-        }
-      l_i[mt][h] = l_i[mt][h] * alpha[mt][h] + row_sum;
+        for (int c = 2 * h; c < 2 * h + 2; ++c) s[mt][j][c] = exp2f(fmaf(s[mt][j][c], scale_log2, -m_scaled));
+      l_i[mt][h] *= alpha[mt][h];
     }
   if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
@@ -231,13 +216,19 @@ __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kNT
   }
 }
 
-// O += P V_j: the fp32 C fragments of P, packed to fp16, are the A fragments (n8 tiles 2 kk and 2 kk + 1
-// make k16 step kk).
+// O += P V_j and l_i += rowsum(P): the fp32 C fragments of P, packed to fp16, are the A fragments (n8 tiles
+// 2 kk and 2 kk + 1 make k16 step kk). The row sums come from one more mma per k16 step, P times a column of
+// ones, so l_i adds up exactly the fp16 values that P V multiplies: a row whose largest P is not exactly 1
+// (m_i * scale_log2 is rounded, so exp2 at the row max is 1 +- 2^-11) still gets O / l = V on a one-hot row,
+// where summing the fp32 P put numerator and denominator up to 2^-12 apart (one output ulp at |v| ~ 100).
+// The mma also gives each lane its row's whole sum: no quad reduction at the end.
 template <class Cfg>
 __device__ __forceinline__ void accumulate_pv(const float (&s)[Cfg::kMTiles][Cfg::kNTiles][4],
-                                              float (&o)[Cfg::kMTiles][Cfg::kDTiles][4], uint32_t v_lane,
-                                              int lane) {
+                                              float (&o)[Cfg::kMTiles][Cfg::kDTiles][4],
+                                              float (&l_i)[Cfg::kMTiles][2], uint32_t v_lane, int lane) {
   const int v_chunk = lane >> 4;  // matrices 2, 3 of a .trans pair: d-tile 2 dp + 1
+  constexpr uint32_t kOnes = 0x3c003c00u;  // two fp16 1.0: the B fragment of a ones column
+  float row_sum[Cfg::kMTiles][4] = {};     // c0 = c1: row g, c2 = c3: row g + 8
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
     uint32_t pa[Cfg::kMTiles][4];
@@ -258,12 +249,19 @@ __device__ __forceinline__ void accumulate_pv(const float (&s)[Cfg::kMTiles][Cfg
         fc::mma_16816(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
       }
     }
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) fc::mma_16816(row_sum[mt], pa[mt], kOnes, kOnes);
+  }
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+    l_i[mt][0] += row_sum[mt][0];
+    l_i[mt][1] += row_sum[mt][2];
   }
 }
 
 // O_i = diag(1 / l_i) O_i for one warp's kWarpM rows: staged as fp16 in rows tile_row0.. of a swizzled tile
 // that only this warp reads, then written to rows row0.. of o ([S, D]) with 16-byte coalesced stores; rows at
-// or past seq_len are not written. l_i: whole-row sums (after sum_row_quads).
+// or past seq_len are not written.
 template <class Cfg>
 __device__ __forceinline__ void store_warp_rows(unsigned char* tile, int tile_row0, __half* o, int row0, int seq_len,
                                                 const float (&o_acc)[Cfg::kMTiles][Cfg::kDTiles][4],

@@ -122,7 +122,9 @@ __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, int c0, int
 }
 
 // cp.async.bulk.commit_group: closes this thread's bulk stores issued so far into one group.
-__device__ __forceinline__ void tma_store_commit() { FC_SM90_ONLY(asm volatile("cp.async.bulk.commit_group;\n" ::: "memory")); }
+__device__ __forceinline__ void tma_store_commit() {
+  FC_SM90_ONLY(asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"));
+}
 
 // cp.async.bulk.wait_group.read N: at most kPending of this thread's groups still read their shared-memory
 // source (the older groups' sources may be overwritten).
@@ -172,8 +174,9 @@ inline bool encode_tensor_map(CUtensorMap* map, CUtensorMapDataType type, const 
   if (encode == nullptr) return false;
   cuuint32_t element_strides[kRank];
   for (int i = 0; i < kRank; ++i) element_strides[i] = 1;
-  return encode(map, type, kRank, const_cast<void*>(base), dims, strides_bytes, box, element_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, l2_promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  const CUresult result = encode(map, type, kRank, const_cast<void*>(base), dims, strides_bytes, box, element_strides,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, l2_promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return result == CUDA_SUCCESS;
 }
 
 }  // namespace fc

@@ -1,8 +1,8 @@
 // v11.cu — FlashAttention-2 on raw mma.sync: scores, softmax and P V never leave the registers.
 //
 // Idea: each warp owns 16 or 32 query rows and their whole softmax, as in FlashAttention-2. S = Q K_j^T runs
-// on mma.sync m16n8k16 into fp32 C fragments; a row's max and sum take two shuffles in the quad of lanes that
-// holds it; P = exp2(S * scale * log2 e - m) is packed to fp16 in place, and since the C fragments of two n8
+// on mma.sync m16n8k16 into fp32 C fragments; a row's max takes two shuffles in the quad of lanes that holds
+// it; P = exp2(S * scale * log2 e - m) is packed to fp16 in place, and since the C fragments of two n8
 // tiles ARE the A fragment of the next mma, P V runs straight from those registers. K_j and V_j stream through
 // a cp.async ring in XOR-swizzled shared memory, read by ldmatrix .x4 (.trans for V) free of bank conflicts.
 // The fragment code is kernels/fa2_mma.cuh, the TMA helpers kernels/tma.cuh.
@@ -12,13 +12,11 @@
 // mma's layouts, so v11 has no round trip. A warp none of whose rows found a new max skips the O rescale.
 // Short sequences are a latency problem (1,8,512,64 is one short wave): when the long grid would not fill the
 // GPU, 32-row CTAs split each ring stage's keys between groups of warps and merge (m_i, l_i, O_i) through
-// shared memory at the end (4x the CTAs, a quarter of each warp's chain of tiles); Q_i goes from global memory
-// straight to registers, and the CTAs of a head prefetch its K, V into L2. On sm_90 at D=64 the short kernel is
-// v11_fwd_tma: thread 0 loads each stage by TMA onto an mbarrier (the 128-byte swizzle is the same
-// chunk ^ (row & 7) layout), so the warps issue no LDGSTS (each 32 KB cp.async refill cost its tile ~250 ns in
-// the MIO queue), and its loop is software-pipelined (S of tile t + 1 in the same basic block as tile t's
-// softmax and P V). It exists only in sm_90+ builds. Causal: tiles past a warp's last row are skipped, only
-// tiles crossing the diagonal build masks, and query tiles launch heaviest-first.
+// shared memory at the end; Q_i goes from global memory straight to registers, and the CTAs of a head prefetch
+// its K, V into L2. On sm_90 at D=64 the short kernel is v11_fwd_tma: thread 0 loads each stage by TMA onto an
+// mbarrier, so the warps issue no LDGSTS (each 32 KB cp.async refill cost its tile ~250 ns in the MIO queue),
+// and its loop is software-pipelined (S of tile t + 1 in the same basic block as tile t's softmax and P V).
+// Causal: tiles past a warp's last row are skipped, only diagonal tiles build masks, heaviest query tiles first.
 //
 // Configuration (V11Config<D, BLOCK_M, BLOCK_N, WARP_M, STAGES, SPLIT, MIN_BLOCKS>; tune space: variants.yaml):
 //   slot         used when                          D  BLOCK_M BLOCK_N WARP_M STAGES SPLIT MIN warps  smem
@@ -27,33 +25,36 @@
 //   ShortD64     fewer CTAs than SMs                64     32     32     16      3     4    1    8   96 KB
 //   ShortD128                                      128     32     16     16      2     4    1    8   69 KB
 //   ShortTmaD64  short, D=64, sm_90+ build          64     32     64     16      3     2    1    4   96 KB
-// Why: 32-row warps read each K/V fragment once for two m16 tiles (at 16 rows ldmatrix bandwidth caps the
-// mma near 470 TFLOP/s on an H100); registers set the rest (D=64: O_i, S and Q_i in 240; D=128: Q_i re-read
-// by ldmatrix, 48-key tiles in 255, 777 us at 2,16,4096,128 vs 832 for 32 keys). Short: 4 groups x 32 keys
-// 9.5 us at 1,8,512,64 vs 8 x 16 10.6, 2 x 64 9.8 (`flashcore tune`, 20 configurations).
+// Why: 32-row warps read each K/V fragment once for two m16 tiles (16-row warps: ldmatrix caps the mma near
+// 470 TFLOP/s on an H100); registers set the rest (D=128: 48-key tiles, 777 us at 2,16,4096,128 vs 832 for 32).
+// Short: 4 groups x 32 keys 9.5 us at 1,8,512,64 vs 8 x 16 10.6, 2 x 64 9.8 (`flashcore tune`, 20 configurations).
 //
 // Run:  flashcore test v11 && flashcore bench v11 --shape 1,8,512,64 && flashcore bench v11 --shape 2,16,4096,64
 //
-// ptxas (nvcc 13.0; no static smem, spills or stack), registers sm_90 | sm_89:
-//   v11_fwd<64, 128, 64, 32, 2, 1, 2>  240 | 232 (2 CTAs/SM)   v11_fwd<64, 32, 32, 16, 3, 4, 1>   140 | 133
-//   v11_fwd<128, 128, 48, 32, 2, 1, 2> 255 | 254 (2 CTAs/SM)   v11_fwd<128, 32, 16, 16, 2, 4, 1>  184 | 177
-//   v11_fwd_tma<64, 32, 64, 16, 3, 2, 1> 182 (sm_90 only)
-// Measured (H200, `flashcore bench`, L2 flushed before each call, one run per shape beside SDPA's backends):
+// Accuracy: l_i sums the fp16 P that P V multiplies (one more mma per k16 step: P times a ones column), not
+// the fp32 P. m_i * scale * log2 e is rounded, so exp2 at a row's max is 1 +- 2^-11 and its fp16 rounding put
+// O / l one ulp off on one-hot rows (q = k = v = randn * 30: 0.0625, where SDPA and every other rung are exact;
+// exact now in a CPU emulation of the fragment arithmetic). Predicted cost per warp and tile: kMTiles * BLOCK_N
+// / 16 more HMMA (+6% at D=64, +3% at D=128), 4 * kMTiles * kNTiles - 2 fewer FADD (TMA kernel: +4 HMMA, -30
+// FADD) and no quad reduction at the end: 40-125 fewer SASS instructions per kernel; speed within noise.
+//
+// ptxas (nvcc 13.0; no static smem, spills or stack), registers sm_90 | sm_89 (v11_fwd_tma: 174, sm_90 only):
+//   v11_fwd<64, 128, 64, 32, 2, 1, 2>  226 | 219 (2 CTAs/SM)   v11_fwd<64, 32, 32, 16, 3, 4, 1>   136 | 125
+//   v11_fwd<128, 128, 48, 32, 2, 1, 2> 254 | 252 (2 CTAs/SM)   v11_fwd<128, 32, 16, 16, 2, 4, 1>  181 | 174
+// Measured before the l_i change (H200, `flashcore bench`, L2 flushed, one run per shape beside SDPA):
 //   shape              v11                     SDPA default   SDPA flash (FA2)
 //   1,8,512,64         8.8-9.3 us (0.73-0.78x)  11.7-12.4 us  15.6 us   target <= 0.6x SDPA's time: not met
 //   2,16,4096,64       309 TFLOP/s              458           295       1.05x FA2
 //     causal           291                      366           230       1.27x
 //   2,16,4096,128      353                      646           333       1.06x
 //     causal           333                      511           270       1.23x
-// Where the 1,8,512,64 time goes (docs/ladder.md has the timelines, ablations and the floor study): an empty
-// kernel reads ~3.5 us; loads with no math ~2 us more; the loads plus the mma work with no softmax at all
-// already take 0.61x of SDPA's time (7.2-7.3 us, merge included); v11 adds ~1.5 us of softmax to that.
+// Where the 1,8,512,64 time goes (docs/ladder.md: timelines, ablations, floor study): an empty kernel ~3.5 us;
+// loads, merge and the mma work with no softmax at all 7.2-7.3 (0.61x of SDPA); v11's softmax ~1.5 us more.
 // Tried and not kept (H200, 1,8,512,64 unless named):
 //   - cluster split-K (sm_90: the CTAs of a query tile form a cluster along the keys, merged by DSMEM bulk
 //     pushes): 10.0-13.3 us vs 8.8 for v11_fwd_tma; its two merges cost ~2.8 us, more than the loads save;
 //   - the cp.async short kernel on sm_90: 9.4 us vs 9.1 (same tiles by TMA); 1,4,2048,64: 36.3 vs 23.5;
-//   - S of the next tile before this tile's softmax in the cp.async kernel: 10.6 us vs 9.5;
-//   - per-stage mbarriers instead of the per-tile __syncthreads 9.9-10.4 us; 32-row warps 9.4-13.0;
+//   - S of the next tile before this softmax (cp.async kernel) 10.6 us vs 9.5; per-stage mbarriers 9.9-10.4;
 //   - wider TMA tiles: 8.3-8.7 us, but 128-192 KB of shared memory, over the L4's 99 KB;
 //   - 16-row CTAs two per SM: 9.0-9.3 us (causal 8.5-8.9 vs 9.0); FlashAttention-4's lazy rescale (a -D
 //     switch, never measured faster, 1.75x FA2's error on peaked rows in a CPU emulation).
@@ -325,7 +326,7 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   // P = exp(S * scale - m_new), O = diag(exp(m_i - m_new)) O, then O = O + P V_j.
   auto softmax_pv = [&](Scores& s, int stage) {
     fc::online_softmax<Cfg>(s, o_acc, m_i, l_i, scale_log2);
-    fc::accumulate_pv<Cfg>(s, o_acc, v_lane_of(stage), lane);
+    fc::accumulate_pv<Cfg>(s, o_acc, l_i, v_lane_of(stage), lane);
   };
 
   if constexpr (kTma) {
@@ -390,7 +391,6 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     }
   }
 
-  fc::sum_row_quads<Cfg>(l_i);
   if constexpr (kSplit == 1) {
     // O_i = diag(1 / l_i) O_i, staged as fp16 over this warp's own Q_i rows (only this warp ever reads them).
     fc::store_warp_rows<Cfg>(q_s, row_warp * kWarpM, o, warp_row0, seq_len, o_acc, l_i, lane);
@@ -498,10 +498,12 @@ static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
   return fc::launch_status();
 }
 
-// A [B * H][S][D] fp16 tensor as a 3-D map whose boxes are `rows` x D (D = 64: one 128-byte row per box
-// row), swizzled 128 bytes (the chunk ^ (row & 7) layout the kernel reads), zeros past S. False when the
-// driver refuses it (a misaligned base, say); the caller then takes the cp.async kernel.
-static bool encode_rows_map(CUtensorMap* map, const void* base, const FlashcoreParams& p, int rows) {
+// A [B * H][S][D] fp16 tensor as a 3-D map whose boxes are a stage's kTileN rows x D (D = 64: one 128-byte row
+// per box row), swizzled 128 bytes (the chunk ^ (row & 7) layout the kernel reads), zeros past S. False when
+// the driver refuses it (a misaligned base, say); the caller then takes the cp.async kernel.
+template <class Cfg>
+static bool encode_rows_map(CUtensorMap* map, const void* base, const FlashcoreParams& p) {
+  constexpr int rows = Cfg::kTileN;
   const cuuint64_t row_bytes = static_cast<cuuint64_t>(p.head_dim) * sizeof(__half);
   return fc::encode_tensor_map<3>(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, base,
                                   {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.seq_len),
@@ -530,7 +532,7 @@ static const char* launch_tma(const FlashcoreParams& p, cudaStream_t stream, boo
   } last;
   if (last.k != p.k || last.v != p.v || last.batch != p.batch || last.heads != p.heads || last.seq_len != p.seq_len) {
     last.k = nullptr;  // no valid pair until both maps are made
-    if (!encode_rows_map(&last.map_k, p.k, p, Cfg::kTileN) || !encode_rows_map(&last.map_v, p.v, p, Cfg::kTileN)) {
+    if (!encode_rows_map<Cfg>(&last.map_k, p.k, p) || !encode_rows_map<Cfg>(&last.map_v, p.v, p)) {
       return nullptr;
     }
     last.k = p.k;
