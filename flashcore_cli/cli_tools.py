@@ -148,3 +148,32 @@ def register(app, handle_errors) -> None:
         from flashcore_cli.scaffold import run_new
 
         return run_new(ctx.obj["registry"], name, from_)
+
+    report_app = typer.Typer(help="The README's tables and docs/ladder.md's chart, generated from a run record.", no_args_is_help=True)
+    app.add_typer(report_app, name="report")
+
+    @report_app.command("merge")
+    @handle_errors
+    def report_merge(
+        records: Annotated[list[str], typer.Argument(help="bench records (`flashcore bench --json FILE`) or results files", show_default=False)],
+        *,
+        out: Annotated[str, typer.Option("--out", "-o", help="the results file to write, e.g. docs/results/h200.json")],
+    ) -> int:
+        """One results file from several bench records of one GPU (shapes, causal and not, modes)."""
+        from flashcore_cli.report import run_merge
+
+        return run_merge(records, out)
+
+    @report_app.command("readme")
+    @handle_errors
+    def report_readme(
+        results: Annotated[str, typer.Argument(help="the results file, e.g. docs/results/h200.json", show_default=False)],
+        *,
+        readme: Annotated[str, typer.Option("--readme", help="the file with <!-- results:... --> markers")] = "README.md",
+        ladder: Annotated[str, typer.Option("--ladder", help="the file with the <!-- ladder-chart --> marker")] = "docs/ladder.md",
+        check: Annotated[bool, typer.Option("--check", help="write nothing; exit 1 if a table or the chart is out of date")] = False,
+    ) -> int:
+        """Rewrite the README's tables and docs/ladder.md's chart from a results file (--check: only compare)."""
+        from flashcore_cli.report import run_readme
+
+        return run_readme(results, readme, ladder, check)
