@@ -4,6 +4,10 @@ Each lane is a long-lived Python process pinned to one GPU through CUDA_VISIBLE_
 takes from a shared queue one at a time, and each job still runs its GPU work in an isolated worker of its
 own (isolate.run_worker), which inherits the lane's CUDA_VISIBLE_DEVICES. A lane never touches CUDA itself.
 Jobs must be picklable and `fn` a module-level function (lanes are started with 'spawn').
+
+Every job runs exactly once: a lane takes the next job from the queue only when it is free, so a fast GPU takes
+more jobs than a slow one. A lane that dies (killed, out of memory) costs only the job it was running: that job's
+result is a LaneLost saying so, the lane is not restarted, and the other lanes take the rest of the queue.
 """
 
 from __future__ import annotations
@@ -15,8 +19,7 @@ import subprocess
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-
-from flashcore_cli.errors import FlashcoreError
+from dataclasses import dataclass
 
 
 def visible_gpus() -> list[str]:
@@ -43,9 +46,18 @@ def _pin(gpu: str) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = gpu
 
 
+@dataclass(frozen=True)
+class LaneLost:
+    """The result of a job that no lane finished: its lane died under it, or every lane had died before it ran."""
+
+    gpu: str
+    reason: str
+
+
 def map_on_gpus(fn, jobs: list, gpus: list[str], on_done=None) -> list:
-    """fn(job) for every job, each in the lane of some GPU; results in job order. on_done(index, result, gpu)
-    is called (from a lane's thread, under a lock) as each job finishes."""
+    """fn(job) for every job, each in the lane of some GPU; results in job order, a LaneLost for a job whose lane
+    died. on_done(index, result, gpu) is called (from a lane's thread, under a lock) as each job finishes or is
+    lost. An exception raised by fn itself (a bug) stops every lane and is raised here."""
     if not gpus:
         raise ValueError("no GPU to run on")
     if not jobs:
@@ -56,6 +68,11 @@ def map_on_gpus(fn, jobs: list, gpus: list[str], on_done=None) -> list:
     lock = threading.Lock()
     failures: list[BaseException] = []
 
+    def finish(index: int, result, gpu: str) -> None:  # under the lock
+        results[index] = result
+        if on_done:
+            on_done(index, result, gpu)
+
     def lane(gpu: str) -> None:
         with ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_pin, initargs=(gpu,)) as pool:
             while True:
@@ -64,19 +81,23 @@ def map_on_gpus(fn, jobs: list, gpus: list[str], on_done=None) -> list:
                         return
                     index = pending.pop(0)
                 try:
-                    result = pool.submit(fn, jobs[index]).result()
+                    future = pool.submit(fn, jobs[index])
+                except BrokenProcessPool:  # the lane died between jobs: this one never started, another lane takes it
+                    with lock:
+                        pending.insert(0, index)
+                    return
+                try:
+                    result = future.result()
                 except BrokenProcessPool:
                     with lock:
-                        failures.append(FlashcoreError(f"the lane process of GPU {gpu} died (killed, or out of memory?)", exit_code=1))
+                        finish(index, LaneLost(gpu, f"the lane process of GPU {gpu} died while running it (killed, or out of memory?)"), gpu)
                     return
                 except BaseException as exc:  # a bug in fn: stop handing out jobs, re-raise below
                     with lock:
                         failures.append(exc)
                     return
                 with lock:
-                    results[index] = result
-                    if on_done:
-                        on_done(index, result, gpu)
+                    finish(index, result, gpu)
 
     threads = [threading.Thread(target=lane, args=(g,), daemon=True) for g in gpus[: len(jobs)]]
     for t in threads:
@@ -85,4 +106,6 @@ def map_on_gpus(fn, jobs: list, gpus: list[str], on_done=None) -> list:
         t.join()
     if failures:
         raise failures[0]
+    for index in pending:  # every lane died before these ran
+        finish(index, LaneLost("", "not run: every GPU's lane process had died"), "")
     return results

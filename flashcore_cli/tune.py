@@ -234,7 +234,8 @@ def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup
     seed = new_seed()
     case = Case(shape, causal, seed)
     cases = tuple(c.as_dict() for c in check_cases(variant, shape, seed + 1))
-    environments = run_trials(TrialJob(str(reg.path), variant.name, arch, (), cases, case.as_dict(), reps, warmup, timeout, mode), runnable)
+    environments, lanes = run_trials(TrialJob(str(reg.path), variant.name, arch, (), cases, case.as_dict(), reps, warmup, timeout, mode),
+                                     runnable)  # fmt: skip
     winners = best_per_gpu(candidates)
     record = {
         "kind": "flashcore-tune",
@@ -247,6 +248,7 @@ def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup
         "constraints": variant.tune.constraints,
         "candidates": [c.as_dict() for c in candidates],
         "winners": {gpu: c.defines for gpu, c in winners.items()},
+        **lanes,
         "environment": next((e for e in environments if e), {}),
         "clocks_after": clocks(),
     }
@@ -265,13 +267,20 @@ def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup
     return 0
 
 
-def run_trials(template: TrialJob, runnable: list[Candidate]) -> list[dict]:
+def lost_trial(lost) -> dict:
+    """A trial whose lane died under it (gpus.LaneLost): CRASH with the reason."""
+    return {"status": "CRASH", "detail": lost.reason, "timing": {}, "gpu": "", "key": "", "environment": {}}
+
+
+def run_trials(template: TrialJob, runnable: list[Candidate]) -> tuple[list[dict], dict]:
     """One trial per candidate (the template with the candidate's defines), over every visible GPU; each
-    candidate gets its status, timing, GPU and cache key. Returns each trial's environment (GPU, driver, ...)."""
+    candidate gets its status, timing, GPU and cache key. Returns each trial's environment (GPU, driver, ...)
+    and, for the record, the GPUs, the number of lanes and the wall time of the trials."""
     import dataclasses
+    import time
 
     from flashcore_cli.commands import console, progress
-    from flashcore_cli.gpus import map_on_gpus, visible_gpus
+    from flashcore_cli.gpus import LaneLost, map_on_gpus, visible_gpus
     from flashcore_cli.shapes import Case
     from flashcore_cli.timing import MODE_TITLES
 
@@ -284,13 +293,18 @@ def run_trials(template: TrialJob, runnable: list[Candidate]) -> list[dict]:
 
         def on_done(index, result, gpu):
             c = runnable[index]
+            if isinstance(result, LaneLost):
+                result = lost_trial(result)
             c.status, c.timing, c.gpu, c.key, c.detail = result["status"], result["timing"], result["gpu"], result["key"], result["detail"]
             c.lane = gpu
             bar.advance(task)
             bar.console.print(f"  {c.label} (gpu {gpu}): {f'{c.median:.1f} us' if c.median else c.status}")
 
+        started = time.monotonic()
         results = map_on_gpus(run_trial, jobs, gpus, on_done=on_done)
-    return [r.get("environment") or {} for r in results]
+        wall_s = time.monotonic() - started
+    environments = [{} if isinstance(r, LaneLost) else r.get("environment") or {} for r in results]
+    return environments, {"gpus": gpus, "lanes": min(len(gpus), len(jobs)), "wall_s": round(wall_s, 3)}
 
 
 def best_per_gpu(candidates: list[Candidate]) -> dict[str, Candidate]:

@@ -105,9 +105,12 @@ def task_test(spec: dict, events: Events) -> None:
 
 
 def task_bench(spec: dict, events: Events) -> None:
+    import torch
+
     attn = _build(spec, events)
     if attn is None:
         return
+    events.emit("device", gpu=torch.cuda.get_device_name())  # which GPU measured the row (sweep's lanes)
     case = Case.from_dict(spec["case"])
     result = _check(attn, case, events)
     if result is None or result.status != "OK":
