@@ -6,14 +6,14 @@ A results file holds one GPU's bench records (docs/results/h200.json):
 causal and not, each of one or several modes); a bench record on its own is read as a results file of one.
 
 `flashcore report readme FILE` rewrites what lies between markers, and nothing else:
-    README.md         <!-- results:bench 1,8,512,64 [causal] [MODE] -->     that run's table, as bench prints it
-                      <!-- results:modes 1,8,512,64 [causal] -->            every row's median in each mode
-                      <!-- results:summary [MODE] -->                       per shape: SDPA default, the fastest variant
+    README.md         <!-- results:bench 1,8,512,64 [causal] [MODE] [DTYPE] -->  that run's table, as bench prints it
+                      <!-- results:modes 1,8,512,64 [causal] [DTYPE] -->         every row's median in each mode
+                      <!-- results:summary [MODE] [DTYPE] -->                    per shape: SDPA default, the fastest variant
                       ...
                       <!-- /results -->
-    docs/ladder.md    <!-- ladder-chart [MODE] --> ... <!-- /ladder-chart -->
+    docs/ladder.md    <!-- ladder-chart [MODE] [DTYPE] --> ... <!-- /ladder-chart -->
                       the chart (a PNG beside the results file, drawn with matplotlib) and the same figures as a table
-MODE defaults to cold, the bench's default. `--check` writes nothing and exits 1 when a region differs from
+MODE defaults to cold and DTYPE to fp16, the bench's defaults. `--check` writes nothing and exits 1 when a region differs from
 what the results file gives (or the chart's PNG is missing), so CI can hold the README to its record.
 """
 
@@ -30,6 +30,8 @@ from flashcore_cli.errors import EXIT_CHECK_FAILED, FlashcoreError
 RESULTS_KIND = "flashcore-results"
 BENCH_KIND = "flashcore-bench"
 DEFAULT_MODE = "cold"
+DEFAULT_DTYPE = "fp16"
+DTYPES = ("fp16", "bf16")
 SDPA_DEFAULT = "sdpa"
 OPEN = re.compile(r"^<!-- results:(?P<spec>.*?) -->$")
 CLOSE = "<!-- /results -->"
@@ -46,14 +48,15 @@ class Section:
     mode: str
     rows: list[dict]
     environment: dict
+    dtype: str = DEFAULT_DTYPE
 
     @property
     def case(self) -> str:
-        return self.shape + (" causal" if self.causal else "")
+        return self.shape + (" causal" if self.causal else "") + ("" if self.dtype == DEFAULT_DTYPE else f" {self.dtype}")
 
     @property
-    def key(self) -> tuple[str, bool, str]:
-        return self.shape, self.causal, self.mode
+    def key(self) -> tuple[str, bool, str, str]:
+        return self.shape, self.causal, self.mode, self.dtype
 
     def row(self, name: str) -> dict | None:
         return next((r for r in self.rows if r.get("name") == name), None)
@@ -99,6 +102,9 @@ def sections_of(record: dict, where: str) -> list[Section]:
         raise FlashcoreError(f"{where}: {exc}") from None
     if not isinstance(record.get("causal"), bool):
         raise FlashcoreError(f"{where}: 'causal' must be true or false")
+    dtype = record.get("dtype", DEFAULT_DTYPE)  # records from before bf16 were fp16
+    if dtype not in DTYPES:
+        raise FlashcoreError(f"{where}: 'dtype' must be one of {', '.join(DTYPES)}")
     runs = record.get("runs") or [record]
     if not isinstance(runs, list) or not all(isinstance(r, dict) and isinstance(r.get("rows"), list) for r in runs):
         raise FlashcoreError(f"{where}: 'runs' must be a list of {{\"mode\": ..., \"rows\": [...]}} sections")
@@ -106,7 +112,7 @@ def sections_of(record: dict, where: str) -> list[Section]:
     for run in runs:
         mode = run.get("mode") or record.get("mode") or DEFAULT_MODE
         validate_record(f"{where} ({mode} mode)", {**record, "mode": mode, "rows": run["rows"]})
-        sections.append(Section(shape, record["causal"], mode, run["rows"], record.get("environment") or {}))
+        sections.append(Section(shape, record["causal"], mode, run["rows"], record.get("environment") or {}, dtype))
     return sections
 
 
@@ -115,11 +121,11 @@ def load_results(path: str | Path) -> list[Section]:
     sections: list[Section] = []
     for number, record in enumerate(bench_records(path), 1):
         sections += sections_of(record, f"{path}: record {number}")
-    seen: dict[tuple, int] = {}
+    seen: set[tuple] = set()
     for s in sections:
         if s.key in seen:
             raise FlashcoreError(f"{path} holds {s.case} in {s.mode} mode twice: keep one run of each")
-        seen[s.key] = 1
+        seen.add(s.key)
     return sections
 
 
@@ -176,7 +182,14 @@ def environment_line(env: dict) -> str:
 
 
 def command(s: Section) -> str:
-    return f"flashcore bench --all --shape {s.shape}{' --causal' if s.causal else ''}{'' if s.mode == DEFAULT_MODE else f' --mode {s.mode}'}"
+    mode = "" if s.mode == DEFAULT_MODE else f" --mode {s.mode}"
+    dtype = "" if s.dtype == DEFAULT_DTYPE else f" --dtype {s.dtype}"
+    return f"flashcore bench --all --shape {s.shape}{' --causal' if s.causal else ''}{mode}{dtype}"
+
+
+def how(s: Section) -> str:
+    """How the section was timed: its mode, and its dtype when not fp16."""
+    return f"{s.mode} mode" + ("" if s.dtype == DEFAULT_DTYPE else f", {s.dtype}")
 
 
 def speedup(row: dict) -> str:
@@ -192,7 +205,7 @@ def bench_table(s: Section, source: str) -> list[str]:
         else:
             rows.append([r["name"], r.get("status", "?"), "-", "-", "-", "-", (r.get("detail") or "").strip().split("\n")[0][:100]])
     return [
-        f"`{command(s)}` on {environment_line(s.environment)}, {s.mode} mode (from `{source}`):",
+        f"`{command(s)}` on {environment_line(s.environment)}, {how(s)} (from `{source}`):",
         "",
         *table(["name", "status", "median us", "p10-p90 us", "TFLOP/s", "vs SDPA", "note"], rows, right={2, 3, 4, 5}),
         "",
@@ -235,7 +248,7 @@ def summary_table(sections: list[Section], source: str) -> list[str]:
         ])  # fmt: skip
     env = sections[0].environment
     return [
-        f"`flashcore bench --all` on {environment_line(env)}, {sections[0].mode} mode, one run per shape (from `{source}`):",
+        f"`flashcore bench --all` on {environment_line(env)}, {how(sections[0])}, one run per shape (from `{source}`):",
         "",
         *table(["shape", "causal", "SDPA default", "fastest variant", "its time", "vs SDPA"], rows, right={5}),
     ]
@@ -283,43 +296,62 @@ def regions(path: Path, lines: list[str], opener: re.Pattern, closer: str) -> li
     return found
 
 
-def parse_spec(region: Region, words_allowed: set[str]) -> tuple[str, str | None, bool, str]:
-    """'bench 1,8,512,64 causal graph' -> ('bench', '1,8,512,64', True, 'graph')."""
+@dataclass
+class Ask:
+    """What a marker asks for: 'bench 1,8,512,64 causal graph bf16'."""
+
+    kind: str
+    shape: str | None = None
+    causal: bool = False
+    mode: str = DEFAULT_MODE
+    dtype: str = DEFAULT_DTYPE
+
+
+def parse_spec(region: Region, kinds: set[str]) -> Ask:
     words = region.spec.split()
-    where = f"{region.file}:{region.line}"
-    if not words or words[0] not in words_allowed:
-        raise FlashcoreError(f"{where}: <!-- results:{region.spec} --> is not one of: {', '.join(sorted(words_allowed))}")
-    shape, causal, mode = None, False, DEFAULT_MODE
+    if not words or words[0] not in kinds:
+        raise FlashcoreError(f"{region.file}:{region.line}: <!-- results:{region.spec} --> is not one of: {', '.join(sorted(kinds))}")
+    ask = Ask(words[0])
     for word in words[1:]:
         if "," in word:
-            shape = word
+            ask.shape = word
         elif word == "causal":
-            causal = True
+            ask.causal = True
+        elif word in DTYPES:
+            ask.dtype = word
         else:
-            mode = word
-    return words[0], shape, causal, mode
+            ask.mode = word
+    return ask
 
 
-def pick(sections: list[Section], where: str, shape: str | None, causal: bool, mode: str | None) -> list[Section]:
-    chosen = [s for s in sections if (shape is None or s.shape == shape) and (shape is None or s.causal == causal)
-              and (mode is None or s.mode == mode)]  # fmt: skip
+def pick(sections: list[Section], where: str, ask: Ask, every_mode: bool = False) -> list[Section]:
+    """The sections an Ask names: one case (with a shape) or every case (without), in one mode or every mode."""
+    chosen = [s for s in sections if s.dtype == ask.dtype and (every_mode or s.mode == ask.mode)
+              and (ask.shape is None or (s.shape, s.causal) == (ask.shape, ask.causal))]  # fmt: skip
     if not chosen:
         held = ", ".join(f"{s.case} {s.mode}" for s in sections)
-        asked = " ".join(x for x in (shape, "causal" if causal and shape else None, mode) if x)
+        asked = " ".join(x for x in (ask.shape, "causal" if ask.causal and ask.shape else None,
+                                     None if every_mode else ask.mode, None if ask.dtype == DEFAULT_DTYPE else ask.dtype) if x)  # fmt: skip
         raise FlashcoreError(f"{where}: the results file holds no {asked} run (it holds: {held})")
-    return chosen
+    return sorted(chosen, key=order) if ask.shape is None else chosen
+
+
+def order(s: Section) -> tuple:
+    """Shapes from short to long sequences, then by size; non-causal before causal."""
+    b, h, seq, d = (int(x) for x in s.shape.split(","))
+    return seq, b * h, d, s.causal
 
 
 def render_results(region: Region, sections: list[Section], source: str) -> list[str]:
-    kind, shape, causal, mode = parse_spec(region, {"bench", "modes", "summary"})
+    ask = parse_spec(region, {"bench", "modes", "summary"})
     where = f"{region.file}:{region.line}"
-    if kind == "summary":
-        return summary_table(pick(sections, where, None, False, mode), source)
-    if shape is None:
+    if ask.kind == "summary":
+        return summary_table(pick(sections, where, ask), source)
+    if ask.shape is None:
         raise FlashcoreError(f"{where}: <!-- results:{region.spec} --> names no shape (B,H,S,D)")
-    if kind == "modes":
-        return modes_table(pick(sections, where, shape, causal, None), source)
-    return bench_table(pick(sections, where, shape, causal, mode)[0], source)
+    if ask.kind == "modes":
+        return modes_table(pick(sections, where, ask, every_mode=True), source)
+    return bench_table(pick(sections, where, ask)[0], source)
 
 
 def rewrite(path: Path, opener: re.Pattern, closer: str, render) -> tuple[str, str, list[Region]]:
@@ -376,7 +408,7 @@ def draw_ladder(sections: list[Section], path: Path) -> bool:
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x" if v >= 1 else f"1/{1 / v:g}x"))
     ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(f"{sections[0].environment.get('gpu', 'GPU ?')}, {sections[0].mode} mode", fontsize=10)
+    ax.set_title(f"{sections[0].environment.get('gpu', 'GPU ?')}, {how(sections[0])}", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, metadata={"Software": None})
@@ -385,20 +417,19 @@ def draw_ladder(sections: list[Section], path: Path) -> bool:
 
 
 def ladder_sections(region: Region, sections: list[Section]) -> list[Section]:
-    """The sections a ladder-chart marker asks for: every case of its mode (default cold)."""
-    words = region.spec.split()
-    if len(words) > 1:
-        raise FlashcoreError(f"{region.file}:{region.line}: <!-- ladder-chart{region.spec} --> takes at most a mode")
-    return pick(sections, f"{region.file}:{region.line}", None, False, words[0] if words else DEFAULT_MODE)
+    """The sections a ladder-chart marker asks for: every case of its mode and dtype (default cold, fp16)."""
+    ask = parse_spec(Region(region.file, region.line, "ladder " + region.spec, region.start, region.end), {"ladder"})
+    if ask.shape or ask.causal:
+        raise FlashcoreError(f"{region.file}:{region.line}: <!-- ladder-chart{region.spec} --> takes a mode and a dtype, no shape")
+    return pick(sections, f"{region.file}:{region.line}", ask)
 
 
 def render_ladder(region: Region, chosen: list[Section], source: str, png: Path) -> list[str]:
-    mode = chosen[0].mode
     link = Path(os.path.relpath(png, region.file.parent)).as_posix()
     return [
-        f"![each rung's speed against SDPA default, {mode} mode]({link})",
+        f"![each rung's speed against SDPA default, {how(chosen[0])}]({link})",
         "",
-        f"`flashcore bench --all` on {environment_line(chosen[0].environment)}, {mode} mode, one run per shape "
+        f"`flashcore bench --all` on {environment_line(chosen[0].environment)}, {how(chosen[0])}, one run per shape "
         f"(from `{source}`; drawn by `flashcore report readme`): median, TFLOP/s and speed against SDPA default in the same run.",
         "",
         *ladder_table(chosen),
@@ -421,7 +452,9 @@ def run_readme(results_text: str, readme_text: str, ladder_text: str, check: boo
 
     results_path = Path(results_text)
     sections = load_results(results_path)
-    source = results_path.as_posix()
+    source = Path(os.path.relpath(results_path.resolve())).as_posix()  # as the tables name it, however it was typed
+    if source.startswith("../"):
+        source = results_path.resolve().as_posix()
     png = chart_path(results_path)
     charted: list[list[Section]] = []  # what each ladder-chart marker asked for: the PNG draws the first
 

@@ -117,8 +117,8 @@ def test_readme_tables_are_the_records_figures(project):
 
     summary = markdown_tables(region(text, "<!-- results:summary -->"))[0]
     assert [(r["shape"], r["causal"], r["fastest variant"], r["vs SDPA"]) for r in summary] == [
-        ("1,8,512,64", "no", "v11", "1.33x"), ("2,16,4096,64", "yes", "v11", "0.83x"), ("2,16,4096,64", "no", "v11", "0.68x"),
-    ]
+        ("1,8,512,64", "no", "v11", "1.33x"), ("2,16,4096,64", "no", "v11", "0.68x"), ("2,16,4096,64", "yes", "v11", "0.83x"),
+    ]  # short sequences first, non-causal before causal
 
 
 def test_ladder_chart_and_its_table(project):
@@ -129,6 +129,7 @@ def test_ladder_chart_and_its_table(project):
     assert "](results/fake-ladder.png)" in chart  # relative to docs/ladder.md
     rungs = {r["rung"]: r for r in markdown_tables(chart)[0]}
     assert list(rungs)[:5] == ["baseline", "v8", "v11", "broken", "hopper_only"]  # the record's order: the ladder's
+    assert list(rungs["v11"])[1:] == ["1,8,512,64", "2,16,4096,64", "2,16,4096,64 causal"]
     assert rungs["v11"]["1,8,512,64"] == "9.0 us, 59.7 TFLOP/s (1.33x)"
     assert rungs["baseline"]["2,16,4096,64 causal"].startswith("5000 us")
     assert rungs["hopper_only"]["1,8,512,64"] == "SKIP"
@@ -167,6 +168,38 @@ def test_one_bench_record_is_a_results_file_of_one(project):
     assert runner.invoke(app, ["report", "readme", "one.json"]).exit_code == 0
     rows = markdown_tables((project / "README.md").read_text())[0]
     assert [r["name"] for r in rows] == ["sdpa", "sdpa-flash", "triton", "baseline", "v8", "v11"]
+
+
+def test_a_record_as_bench_writes_it_with_several_modes(tmp_path):
+    from flashcore_cli.bench import BenchRow, BenchRun
+    from flashcore_cli.shapes import parse_shape
+
+    def timed(median):
+        return {"median_us": median, "p10_us": median * 0.9, "p90_us": median * 1.1, "samples_us": [median] * 100}
+
+    run = BenchRun(parse_shape("1,8,512,64"), False, 7, ["cold", "graph"])
+    run.add({"cold": [BenchRow("sdpa", "reference", "OK", timed(12.0)), BenchRow("v11", "variant", "OK", timed(9.0))],
+             "graph": [BenchRow("sdpa", "reference", "OK", timed(9.0)), BenchRow("v11", "variant", "OK", timed(6.0))]})  # fmt: skip
+    run.environment = {"gpu": "FAKE GPU"}
+    (tmp_path / "bench.json").write_text(json.dumps(run.record()))
+    sections = load_results(tmp_path / "bench.json")
+    assert [(s.mode, s.dtype, s.row("v11")["speedup_vs_sdpa"]) for s in sections] == [("cold", "fp16", 12 / 9), ("graph", "fp16", 1.5)]
+
+
+def test_bf16_runs_sit_beside_fp16_ones(project):
+    bf16 = json.loads((RECORDS / "bench-long-causal.json").read_text())
+    bf16["dtype"] = "bf16"
+    bf16["rows"][5]["median_us"] = 470.0  # v11
+    (project / "bf16.json").write_text(json.dumps(bf16))
+    assert runner.invoke(app, ["report", "merge", "docs/results/fake.json", "bf16.json", "-o", "docs/results/fake.json"]).exit_code == 0
+    (project / "README.md").write_text("<!-- results:bench 2,16,4096,64 causal bf16 -->\n<!-- /results -->\n"
+                                       "<!-- results:bench 2,16,4096,64 causal -->\n<!-- /results -->\n")  # fmt: skip
+    result = runner.invoke(app, ["report", "readme", "docs/results/fake.json"])
+    assert result.exit_code == 0, result.output
+    text = (project / "README.md").read_text()
+    bf16_table, fp16_table = ({r["name"]: r for r in t} for t in markdown_tables(text))
+    assert bf16_table["v11"]["median us"] == "470.0" and fp16_table["v11"]["median us"] == "480.0"
+    assert "`flashcore bench --all --shape 2,16,4096,64 --causal --dtype bf16`" in text
 
 
 @pytest.mark.parametrize(
