@@ -9,8 +9,11 @@
 //   kQInRegs (Q_i held in registers), kOStride (floats per row of a merge buffer).
 // Fragment layouts and the swizzle: mma_sm80.cuh. A lane holds, for m16 tile mt, rows g = lane / 4 and
 // g + 8 (index h = 0, 1 below) and columns 2t, 2t + 1 (t = lane % 4) of every n8 tile.
+// The helpers that multiply or round take the element type T (__half or __nv_bfloat16, see Element below);
+// copies and pointers only move 2-byte elements, so they stay typed __half whatever the tensors hold.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -20,6 +23,36 @@
 #include "primitives.cuh"
 
 namespace fc {
+
+// What changes with the element type: the mma's input type, the rounding of fp32 into a 16-bit pair, and
+// the pair 1.0, 1.0 (the ones column whose product with P gives l_i).
+template <class T>
+struct Element;
+
+template <>
+struct Element<__half> {
+  static constexpr uint32_t kOnes = 0x3c003c00u;
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    mma_16816(d, a, b0, b1);
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return pack_half2(lo, hi); }
+};
+
+template <>
+struct Element<__nv_bfloat16> {
+  static constexpr uint32_t kOnes = 0x3f803f80u;
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+};
 
 // kRows x kChunks 16-byte chunks of a [S, D] slice, rows first_row.., into a swizzled tile. Rows at or past
 // valid_rows are zeroed with a plain shared store instead (never read from global memory), so the copies
@@ -114,7 +147,7 @@ __device__ __forceinline__ void load_q_fragments_global(QFragments<Cfg>& q_frag,
 
 // S = Q_i K_j^T for the warp's rows against kBlockN keys (raw scores: the scale is folded into exp2).
 // q_frag holds Q_i when Cfg::kQInRegs; otherwise Q_i is re-read from shared memory at q_lane.
-template <class Cfg, class QFrag>
+template <class Cfg, class T = __half, class QFrag>
 __device__ __forceinline__ void warp_scores(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4], const QFrag& q_frag,
                                             uint32_t q_lane, uint32_t k_lane, int lane) {
 #pragma unroll
@@ -144,8 +177,8 @@ __device__ __forceinline__ void warp_scores(float (&s)[Cfg::kMTiles][Cfg::kNTile
       fc::ldmatrix_x4(b, k_lane + np * 16 * Cfg::kRowBytes + fc::ldmatrix_chunk(kc, k_chunk, lane));
 #pragma unroll
       for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-        fc::mma_16816(s[mt][2 * np], a[mt], b[0], b[1]);
-        fc::mma_16816(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+        Element<T>::mma(s[mt][2 * np], a[mt], b[0], b[1]);
+        Element<T>::mma(s[mt][2 * np + 1], a[mt], b[2], b[3]);
       }
     }
   }
@@ -216,28 +249,28 @@ __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kNT
   }
 }
 
-// O += P V_j and l_i += rowsum(P): the fp32 C fragments of P, packed to fp16, are the A fragments (n8 tiles
+// O += P V_j and l_i += rowsum(P): the fp32 C fragments of P, packed to T, are the A fragments (n8 tiles
 // 2 kk and 2 kk + 1 make k16 step kk). The row sums come from one more mma per k16 step, P times a column of
 // ones, so l_i adds up exactly the fp16 values that P V multiplies: a row whose largest P is not exactly 1
 // (m_i * scale_log2 is rounded, so exp2 at the row max is 1 +- 2^-11) still gets O / l = V on a one-hot row,
 // where summing the fp32 P put numerator and denominator up to 2^-12 apart (one output ulp at |v| ~ 100).
 // The mma also gives each lane its row's whole sum: no quad reduction at the end.
-template <class Cfg>
+template <class Cfg, class T = __half>
 __device__ __forceinline__ void accumulate_pv(const float (&s)[Cfg::kMTiles][Cfg::kNTiles][4],
                                               float (&o)[Cfg::kMTiles][Cfg::kDTiles][4],
                                               float (&l_i)[Cfg::kMTiles][2], uint32_t v_lane, int lane) {
   const int v_chunk = lane >> 4;  // matrices 2, 3 of a .trans pair: d-tile 2 dp + 1
-  constexpr uint32_t kOnes = 0x3c003c00u;  // two fp16 1.0: the B fragment of a ones column
-  float row_sum[Cfg::kMTiles][4] = {};     // c0 = c1: row g, c2 = c3: row g + 8
+  constexpr uint32_t kOnes = Element<T>::kOnes;  // two 1.0: the B fragment of a ones column
+  float row_sum[Cfg::kMTiles][4] = {};          // c0 = c1: row g, c2 = c3: row g + 8
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
     uint32_t pa[Cfg::kMTiles][4];
 #pragma unroll
     for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-      pa[mt][0] = fc::pack_half2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-      pa[mt][1] = fc::pack_half2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-      pa[mt][2] = fc::pack_half2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-      pa[mt][3] = fc::pack_half2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      pa[mt][0] = Element<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+      pa[mt][1] = Element<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+      pa[mt][2] = Element<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+      pa[mt][3] = Element<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
     }
 #pragma unroll
     for (int dp = 0; dp < Cfg::kDTiles / 2; ++dp) {
@@ -245,12 +278,12 @@ __device__ __forceinline__ void accumulate_pv(const float (&s)[Cfg::kMTiles][Cfg
       fc::ldmatrix_x4_trans(b, v_lane + kk * 16 * Cfg::kRowBytes + fc::ldmatrix_chunk(dp, v_chunk, lane));
 #pragma unroll
       for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-        fc::mma_16816(o[mt][2 * dp], pa[mt], b[0], b[1]);
-        fc::mma_16816(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
+        Element<T>::mma(o[mt][2 * dp], pa[mt], b[0], b[1]);
+        Element<T>::mma(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
       }
     }
 #pragma unroll
-    for (int mt = 0; mt < Cfg::kMTiles; ++mt) fc::mma_16816(row_sum[mt], pa[mt], kOnes, kOnes);
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) Element<T>::mma(row_sum[mt], pa[mt], kOnes, kOnes);
   }
 #pragma unroll
   for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
@@ -262,7 +295,7 @@ __device__ __forceinline__ void accumulate_pv(const float (&s)[Cfg::kMTiles][Cfg
 // O_i = diag(1 / l_i) O_i for one warp's kWarpM rows: staged as fp16 in rows tile_row0.. of a swizzled tile
 // that only this warp reads, then written to rows row0.. of o ([S, D]) with 16-byte coalesced stores; rows at
 // or past seq_len are not written.
-template <class Cfg>
+template <class Cfg, class T = __half>
 __device__ __forceinline__ void store_warp_rows(unsigned char* tile, int tile_row0, __half* o, int row0, int seq_len,
                                                 const float (&o_acc)[Cfg::kMTiles][Cfg::kDTiles][4],
                                                 const float (&l_i)[Cfg::kMTiles][2], int lane) {
@@ -278,7 +311,7 @@ __device__ __forceinline__ void store_warp_rows(unsigned char* tile, int tile_ro
 #pragma unroll
       for (int d = 0; d < Cfg::kDTiles; ++d) {
         *reinterpret_cast<uint32_t*>(tile + swizzle(row, d, Cfg::kRowBytes) + 4 * tq) =
-            pack_half2(o_acc[mt][d][2 * h] * inv_l, o_acc[mt][d][2 * h + 1] * inv_l);
+            Element<T>::pack(o_acc[mt][d][2 * h] * inv_l, o_acc[mt][d][2 * h + 1] * inv_l);
       }
     }
   __syncwarp();
@@ -352,7 +385,7 @@ __device__ __forceinline__ float merge_parts(int n, Stat stat, Row row, int c, f
 // The split CTA's output, once every group's partials are in stats / o_part (store_partials, then a
 // barrier): one thread per (row, 8 columns) merges the kSplit groups, normalises and writes 16 bytes of
 // rows m0.. of o ([S, D]); rows at or past seq_len are not written.
-template <class Cfg>
+template <class Cfg, class T = __half>
 __device__ __forceinline__ void merge_split_rows(const float2* stats, const float* o_part, __half* o, int m0,
                                                  int seq_len, int tid) {
   constexpr int kBlockChunks = Cfg::kBlockM * Cfg::kChunks;
@@ -367,10 +400,10 @@ __device__ __forceinline__ void merge_split_rows(const float2* stats, const floa
         [&](int sg) { return o_part + (sg * Cfg::kBlockM + r) * Cfg::kOStride; }, c, l_all, acc);
     const float inv_l = l_all > 0.f ? 1.f / l_all : 0.f;
     uint4 out;
-    out.x = pack_half2(acc[0] * inv_l, acc[1] * inv_l);
-    out.y = pack_half2(acc[2] * inv_l, acc[3] * inv_l);
-    out.z = pack_half2(acc[4] * inv_l, acc[5] * inv_l);
-    out.w = pack_half2(acc[6] * inv_l, acc[7] * inv_l);
+    out.x = Element<T>::pack(acc[0] * inv_l, acc[1] * inv_l);
+    out.y = Element<T>::pack(acc[2] * inv_l, acc[3] * inv_l);
+    out.z = Element<T>::pack(acc[4] * inv_l, acc[5] * inv_l);
+    out.w = Element<T>::pack(acc[6] * inv_l, acc[7] * inv_l);
     *reinterpret_cast<uint4*>(o + static_cast<size_t>(m0 + r) * Cfg::kHeadDim + c * 8) = out;
   }
 }

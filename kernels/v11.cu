@@ -17,6 +17,8 @@
 // mbarrier, so the warps issue no LDGSTS (each 32 KB cp.async refill cost its tile ~250 ns in the MIO queue),
 // and its loop is software-pipelined (S of tile t + 1 in the same basic block as tile t's softmax and P V).
 // Causal: tiles past a warp's last row are skipped, only diagonal tiles build masks, heaviest query tiles first.
+// bf16: every kernel also exists as *_bf16 (mma .bf16, P and O rounded to bf16, a bf16 ones column for l_i,
+// BFLOAT16 tensor maps); the fp16 kernels are unchanged (same SASS opcodes; sm_90's LongD128 swaps two registers).
 //
 // Configuration (V11Config<D, BLOCK_M, BLOCK_N, WARP_M, STAGES, SPLIT, MIN_BLOCKS>; tune space: variants.yaml):
 //   slot         used when                          D  BLOCK_M BLOCK_N WARP_M STAGES SPLIT MIN warps  smem
@@ -199,7 +201,8 @@ __host__ __device__ constexpr bool query_tile_fastest(bool causal, int head_dim)
 // all kStages stages are loaded up front, and the loop computes S of tile t + 1 in the same basic block as
 // tile t's softmax and P V, so the scheduler can interleave the two (one warp per scheduler has little else
 // to hide latency with).
-template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks, bool kTma>
+template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks, bool kTma,
+          class T>
 __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap* tmap_k, const CUtensorMap* tmap_v) {
   using Cfg = V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>;
   // 1024-byte aligned: TMA's 128-byte swizzle is a function of address bits 7-9, so a stage must start on a
@@ -326,7 +329,7 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   // P = exp(S * scale - m_new), O = diag(exp(m_i - m_new)) O, then O = O + P V_j.
   auto softmax_pv = [&](Scores& s, int stage) {
     fc::online_softmax<Cfg>(s, o_acc, m_i, l_i, scale_log2);
-    fc::accumulate_pv<Cfg>(s, o_acc, l_i, v_lane_of(stage), lane);
+    fc::accumulate_pv<Cfg, T>(s, o_acc, l_i, v_lane_of(stage), lane);
   };
 
   if constexpr (kTma) {
@@ -337,7 +340,7 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     Scores s, s_next;
     if (visible(0)) {
       wait_tile(0);
-      fc::warp_scores<Cfg>(s, q_frag, q_lane, k_lane_of(0), lane);
+      fc::warp_scores<Cfg, T>(s, q_frag, q_lane, k_lane_of(0), lane);
     }
     for (int t = 0; t < n_tiles; ++t) {
       // Tile t - 1's stage is free once every warp is past it: refill it with tile t - 1 + kStages. (The
@@ -353,7 +356,7 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
       mask_edge(s, key0_of(t));
       if (visible(t + 1)) {
         wait_tile(t + 1);
-        fc::warp_scores<Cfg>(s_next, q_frag, q_lane, k_lane_of((t + 1) % kStages), lane);
+        fc::warp_scores<Cfg, T>(s_next, q_frag, q_lane, k_lane_of((t + 1) % kStages), lane);
         softmax_pv(s, t % kStages);
 #pragma unroll
         for (int mt = 0; mt < Cfg::kMTiles; ++mt)
@@ -383,7 +386,7 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
       if (key0 < warp_kv_end) {
         // S = Q_i K_j^T
         Scores s;
-        fc::warp_scores<Cfg>(s, q_frag, q_lane, k_lane_of(compute_stage), lane);
+        fc::warp_scores<Cfg, T>(s, q_frag, q_lane, k_lane_of(compute_stage), lane);
         mask_edge(s, key0);
         softmax_pv(s, compute_stage);
       }
@@ -393,7 +396,7 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
 
   if constexpr (kSplit == 1) {
     // O_i = diag(1 / l_i) O_i, staged as fp16 over this warp's own Q_i rows (only this warp ever reads them).
-    fc::store_warp_rows<Cfg>(q_s, row_warp * kWarpM, o, warp_row0, seq_len, o_acc, l_i, lane);
+    fc::store_warp_rows<Cfg, T>(q_s, row_warp * kWarpM, o, warp_row0, seq_len, o_acc, l_i, lane);
   } else {
     // Merge the kSplit groups: m = max_g m_g, l = sum_g exp2(m_g - m) l_g, O = sum_g exp2(m_g - m) O_g / l.
     // (TMA: every tile loaded was waited on by some warp, since group 0 of the last row warp with rows
@@ -404,14 +407,22 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     float* o_part = reinterpret_cast<float*>(smem + Cfg::kStatsBytes);    // [kSplit][kBlockM][kOStride]
     fc::store_partials<Cfg>(stats, o_part, o_acc, m_i, l_i, group, row_warp, scale_log2, lane);
     __syncthreads();
-    fc::merge_split_rows<Cfg>(stats, o_part, o, m0, seq_len, tid);
+    fc::merge_split_rows<Cfg, T>(stats, o_part, o, m0, seq_len, tid);
   }
 }
 
 template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
 __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
                                   kMinBlocks) v11_fwd(FlashcoreParams p) {
-  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, false>(p, nullptr, nullptr);
+  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, false, __half>(p, nullptr, nullptr);
+}
+
+// The same kernels on bf16 tensors (mma .bf16, bf16 rounding of P and O); the fp16 ones keep their names.
+template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
+__global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
+                                  kMinBlocks) v11_fwd_bf16(FlashcoreParams p) {
+  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, false, __nv_bfloat16>(p, nullptr,
+                                                                                                     nullptr);
 }
 
 // sm_90's short D=64 kernel: the tensor maps are kernel parameters (__grid_constant__: TMA reads them
@@ -421,7 +432,16 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
                                   kMinBlocks)
     v11_fwd_tma(FlashcoreParams p, const __grid_constant__ CUtensorMap tmap_k,
                 const __grid_constant__ CUtensorMap tmap_v) {
-  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, true>(p, &tmap_k, &tmap_v);
+  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, true, __half>(p, &tmap_k, &tmap_v);
+}
+
+template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
+__global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
+                                  kMinBlocks)
+    v11_fwd_tma_bf16(FlashcoreParams p, const __grid_constant__ CUtensorMap tmap_k,
+                     const __grid_constant__ CUtensorMap tmap_v) {
+  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, true, __nv_bfloat16>(p, &tmap_k,
+                                                                                                    &tmap_v);
 }
 
 // The configuration heuristic, in one place. Split the keys inside the CTA only when the long
@@ -447,28 +467,38 @@ struct KernelName {
   }
 };
 
-template <class Cfg>
+template <class Cfg, class T>
 static const char* kernel_name() {
-  static const KernelName<Cfg> name("v11_fwd");
+  static const KernelName<Cfg> name(std::is_same_v<T, __nv_bfloat16> ? "v11_fwd_bf16" : "v11_fwd");
   return name.text;
 }
 
-template <class Cfg>
+template <class Cfg, class T>
 static const char* tma_kernel_name() {
-  static const KernelName<Cfg> name("v11_fwd_tma");
+  static const KernelName<Cfg> name(std::is_same_v<T, __nv_bfloat16> ? "v11_fwd_tma_bf16" : "v11_fwd_tma");
   return name.text;
 }
 
-template <class Cfg>
+template <class Cfg, class T>
 static constexpr auto kernel_of() {
-  return v11_fwd<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit,
-                 Cfg::kMinBlocks>;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return v11_fwd_bf16<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit,
+                        Cfg::kMinBlocks>;
+  } else {
+    return v11_fwd<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit,
+                   Cfg::kMinBlocks>;
+  }
 }
 
-template <class Cfg>
+template <class Cfg, class T>
 static constexpr auto tma_kernel_of() {
-  return v11_fwd_tma<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit,
-                     Cfg::kMinBlocks>;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return v11_fwd_tma_bf16<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit,
+                            Cfg::kMinBlocks>;
+  } else {
+    return v11_fwd_tma<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit,
+                       Cfg::kMinBlocks>;
+  }
 }
 
 // Raising a kernel's shared-memory limit is a driver call of about a microsecond: at 1,8,512,64 that would be
@@ -488,9 +518,9 @@ static const char* query_grid(const FlashcoreParams& p, dim3* grid) {
   return nullptr;
 }
 
-template <class Cfg>
+template <class Cfg, class T>
 static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
-  constexpr auto kernel = kernel_of<Cfg>();
+  constexpr auto kernel = kernel_of<Cfg, T>();
   if (const char* err = allow_smem_once<kernel, Cfg::kSmemBytes>()) return err;
   dim3 grid;
   if (const char* err = query_grid<Cfg>(p, &grid)) return err;
@@ -498,14 +528,16 @@ static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
   return fc::launch_status();
 }
 
-// A [B * H][S][D] fp16 tensor as a 3-D map whose boxes are a stage's kTileN rows x D (D = 64: one 128-byte row
+// A [B * H][S][D] fp16 (bf16) tensor as a 3-D map whose boxes are a stage's kTileN rows x D (D = 64: one 128-byte row
 // per box row), swizzled 128 bytes (the chunk ^ (row & 7) layout the kernel reads), zeros past S. False when
 // the driver refuses it (a misaligned base, say); the caller then takes the cp.async kernel.
-template <class Cfg>
+template <class Cfg, class T>
 static bool encode_rows_map(CUtensorMap* map, const void* base, const FlashcoreParams& p) {
   constexpr int rows = Cfg::kTileN;
-  const cuuint64_t row_bytes = static_cast<cuuint64_t>(p.head_dim) * sizeof(__half);
-  return fc::encode_tensor_map<3>(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, base,
+  constexpr auto data_type =
+      std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(p.head_dim) * sizeof(T);
+  return fc::encode_tensor_map<3>(map, data_type, base,
                                   {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.seq_len),
                                    static_cast<cuuint64_t>(p.batch) * p.heads},
                                   {row_bytes, row_bytes * p.seq_len},  // bytes, dims 1 and 2
@@ -515,10 +547,10 @@ static bool encode_rows_map(CUtensorMap* map, const void* base, const FlashcoreP
 
 // The TMA kernel's launch. *launched stays false when the maps could not be made (no error then: the caller
 // takes the cp.async kernel).
-template <class Cfg>
+template <class Cfg, class T>
 static const char* launch_tma(const FlashcoreParams& p, cudaStream_t stream, bool* launched) {
   *launched = false;
-  constexpr auto kernel = tma_kernel_of<Cfg>();
+  constexpr auto kernel = tma_kernel_of<Cfg, T>();
   constexpr int smem = tma_smem_bytes<Cfg>();
   if (const char* err = allow_smem_once<kernel, smem>()) return err;
   dim3 grid;
@@ -532,7 +564,7 @@ static const char* launch_tma(const FlashcoreParams& p, cudaStream_t stream, boo
   } last;
   if (last.k != p.k || last.v != p.v || last.batch != p.batch || last.heads != p.heads || last.seq_len != p.seq_len) {
     last.k = nullptr;  // no valid pair until both maps are made
-    if (!encode_rows_map<Cfg>(&last.map_k, p.k, p) || !encode_rows_map<Cfg>(&last.map_v, p.v, p)) {
+    if (!encode_rows_map<Cfg, T>(&last.map_k, p.k, p) || !encode_rows_map<Cfg, T>(&last.map_v, p.v, p)) {
       return nullptr;
     }
     last.k = p.k;
@@ -561,44 +593,60 @@ static int sm_count() {
 
 // Short sequences take, at D=64 on an sm_90 build, the TMA kernel (ShortTma; void at D=128), unless the
 // driver cannot make its tensor maps; the in-CTA cp.async kernel remains for older GPUs and D=128.
-template <class Long, class Short, class ShortTma>
+template <class Long, class Short, class ShortTma, class T>
 static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
   if (pick_regime(p.batch * p.heads, p.seq_len, Long::kBlockM, sm_count()) == Regime::kShort) {
     if constexpr (fc::kBuildsSm90 && !std::is_void_v<ShortTma>) {
       if (fc::tensor_map_encoder() != nullptr) {
         bool launched = false;
-        const char* err = launch_tma<ShortTma>(p, stream, &launched);
+        const char* err = launch_tma<ShortTma, T>(p, stream, &launched);
         if (launched || err != nullptr) return err;
       }
     }
-    return launch<Short>(p, stream);
+    return launch<Short, T>(p, stream);
   }
-  return launch<Long>(p, stream);
+  return launch<Long, T>(p, stream);
 }
 
-template <class Cfg>
+template <class T>
+static const char* forward_dtype(const FlashcoreParams& p, cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 64: return forward<LongD64, ShortD64, ShortTmaD64, T>(p, stream);
+    case 128: return forward<LongD128, ShortD128, void, T>(p, stream);
+    default: return fc::unsupported_head_dim(p.head_dim);
+  }
+}
+
+template <class Cfg, class T>
 static FlashcoreKernelPlan plan_of() {
-  return {kernel_name<Cfg>(), Cfg::kThreads, Cfg::kSmemBytes};
+  return {kernel_name<Cfg, T>(), Cfg::kThreads, Cfg::kSmemBytes};
 }
 
-template <class Cfg>
+template <class Cfg, class T>
 static FlashcoreKernelPlan tma_plan_of() {
-  return {tma_kernel_name<Cfg>(), Cfg::kThreads, tma_smem_bytes<Cfg>()};
+  return {tma_kernel_name<Cfg, T>(), Cfg::kThreads, tma_smem_bytes<Cfg>()};
 }
 
-int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
-  FlashcoreKernelPlan all[3];
+template <class T>
+static int plan_dtype(int head_dim, FlashcoreKernelPlan* all) {
   int count = 0;
   if (head_dim == 64) {
-    all[count++] = plan_of<LongD64>();
-    all[count++] = plan_of<ShortD64>();
-    if (fc::kBuildsSm90) all[count++] = tma_plan_of<ShortTmaD64>();
+    all[count++] = plan_of<LongD64, T>();
+    all[count++] = plan_of<ShortD64, T>();
+    if (fc::kBuildsSm90) all[count++] = tma_plan_of<ShortTmaD64, T>();
   } else if (head_dim == 128) {
-    all[count++] = plan_of<LongD128>();
-    all[count++] = plan_of<ShortD128>();
-  } else {
-    return 0;
+    all[count++] = plan_of<LongD128, T>();
+    all[count++] = plan_of<ShortD128, T>();
   }
+  return count;
+}
+
+// The fp16 kernels, then the bf16 ones.
+int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
+  FlashcoreKernelPlan all[6];
+  int count = plan_dtype<__half>(head_dim, all);
+  if (count == 0) return 0;
+  count += plan_dtype<__nv_bfloat16>(head_dim, all + count);
   const int n = max_plans < count ? max_plans : count;
   for (int i = 0; i < n; ++i) plans[i] = all[i];
   return n;
@@ -608,9 +656,9 @@ const char* flashcore_forward(const FlashcoreParams& p, cudaStream_t stream) {
   // The running max is kept in raw-score units, which orders like the scaled scores only for scale > 0.
   if (!(p.scale > 0.f)) return fc::message("v11 needs a softmax scale > 0 (got %g)", p.scale);
   if (p.seq_len < 1 || p.batch < 1 || p.heads < 1) return nullptr;
-  switch (p.head_dim) {
-    case 64: return forward<LongD64, ShortD64, ShortTmaD64>(p, stream);
-    case 128: return forward<LongD128, ShortD128, void>(p, stream);
-    default: return fc::unsupported_head_dim(p.head_dim);
-  }
+  // fp16 first: its kernels are then emitted first, and their SASS is what it was before bf16 existed
+  return p.dtype != kFlashcoreBFloat16 ? forward_dtype<__half>(p, stream) : forward_dtype<__nv_bfloat16>(p, stream);
 }
+
+// fp16 and bf16: the same kernels, instantiated for each (v11_fwd*_bf16).
+int flashcore_dtypes() { return (1 << kFlashcoreFloat16) | (1 << kFlashcoreBFloat16); }
