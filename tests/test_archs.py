@@ -9,7 +9,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from conftest import FIXTURES
+from conftest import FIXTURES, cells, said
 from flashcore_cli import archs
 from flashcore_cli.archs import parse_arch
 from flashcore_cli.cli import app
@@ -84,33 +84,35 @@ def test_test_skips_a_variant_on_a_gpu_it_does_not_run_on():
     assert {c.detail for c in outcome.cases} == {"hopper runs on sm_90a only; this GPU is sm_89"}
 
 
-def test_list_shows_the_archs_column_only_when_a_variant_restricts_them():
+def test_list_shows_the_archs_column_only_when_a_variant_restricts_them(table_rows):
     result = invoke("list")
     assert result.exit_code == 0, result.output
-    assert "archs" in result.output and "sm_90a" in result.output
+    assert "archs" in table_rows[0] and "sm_90a" in cells(table_rows)
+    table_rows.clear()
     result = runner.invoke(app, ["--registry", str(FIXTURES / "registries" / "good.yaml"), "list"])
-    assert result.exit_code == 0 and "archs" not in result.output
+    assert result.exit_code == 0 and table_rows and not any("archs" in row for row in table_rows)
 
 
-def test_ptxas_lists_a_hopper_only_variant_as_not_built_for_the_l4(tmp_path, nvcc, fresh_cache):
+def test_ptxas_lists_a_hopper_only_variant_as_not_built_for_the_l4(tmp_path, nvcc, fresh_cache, table_rows):
     out = tmp_path / "ptxas.json"
     result = invoke("ptxas", "--all", "--arch", "sm_89", "--json", str(out), "--fail-on-spill")
     assert result.exit_code == 0, result.output
-    assert "not built for sm_89" in result.output
+    assert any("not built for sm_89" in cell for cell in cells(table_rows))
     reports = {r["variant"]: r for r in json.loads(out.read_text())["reports"]}
     assert reports["hopper"]["not_built"] == "hopper runs on sm_90a only" and reports["hopper"]["kernels"] == []
     assert not reports["anywhere"]["not_built"] and reports["anywhere"]["kernels"]  # the other variant is built
 
 
-def test_ptxas_with_no_gpu_compiles_it_for_sm_90a(tmp_path, nvcc, fresh_cache, no_gpu):
+def test_ptxas_with_no_gpu_compiles_it_for_sm_90a(tmp_path, nvcc, fresh_cache, no_gpu, table_rows):
     out = tmp_path / "ptxas.json"
     result = invoke("ptxas", "hopper", "--json", str(out), "--fail-on-spill")
     assert result.exit_code == 0, result.output  # setmaxnreg compiled: the gencode was sm_90a
     (report,) = json.loads(out.read_text())["reports"]
     assert report["arch"] == "sm_90a" and not report["error"]
     assert [(k["arch"], k["threads"]) for k in report["kernels"]] == [("sm_90a", 128)]
+    table_rows.clear()
     result = invoke("ptxas", "hopper", "--arch", "sm_90,sm_90a")  # both name the one sm_90a build
-    assert result.exit_code == 0 and result.output.count("hopper_only_fwd") == 1
+    assert result.exit_code == 0 and [row["kernel"] for row in table_rows] == ["hopper_only_fwd"]
 
 
 def test_the_fixture_really_needs_sm_90a(tmp_path, nvcc):
@@ -132,12 +134,12 @@ def cuobjdump():
         pytest.skip("cuobjdump is not installed")
 
 
-def test_sass_with_no_gpu_disassembles_the_sm_90a_build(nvcc, cuobjdump, no_gpu):
+def test_sass_with_no_gpu_disassembles_the_sm_90a_build(nvcc, cuobjdump, no_gpu, table_rows):
     result = invoke("sass", "hopper")
     assert result.exit_code == 0, result.output
-    assert "hopper for sm_90a" in result.output and "hopper_only_fwd" in result.output
+    assert "hopper for sm_90a" in said(result) and [row["kernel"] for row in table_rows] == ["hopper_only_fwd"]
     result = invoke("sass", "hopper", "--arch", "sm_89")
-    assert result.exit_code == 2 and "runs on sm_90a only; it is not built for sm_89" in result.output
+    assert result.exit_code == 2 and "runs on sm_90a only; it is not built for sm_89" in said(result)
 
 
 @pytest.mark.gpu

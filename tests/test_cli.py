@@ -127,27 +127,27 @@ def projects(tmp_path, monkeypatch):
 def listed(*args, env=None):
     result = CliRunner(env={"COLUMNS": "200", **(env or {})}).invoke(app, [*args, "list"])
     assert result.exit_code == 0, result.output
-    return result.output
+    return said(result)
 
 
-def test_registry_resolution_order(projects, monkeypatch):
+def test_registry_resolution_order(projects, monkeypatch, table_rows):
     from flashcore_cli.registry import DEFAULT_REGISTRY, resolve_registry
 
     root = projects["root"]
     monkeypatch.chdir(root / "near" / "deep" / "er")  # 3. a variants.yaml in a parent folder
     assert resolve_registry().path.resolve() == projects["near"].resolve()
     out = listed()
-    assert "near_variant" in out and f"registry: {projects['near'].resolve()} (found from the current directory)" in out
+    assert "near_variant" in cells(table_rows) and f"registry: {projects['near'].resolve()} (found from the current directory)" in out
     monkeypatch.setenv("FLASHCORE_REGISTRY", str(projects["env"]))  # 2. beats the current folder
     out = listed()
-    assert "env_variant" in out and f"registry: {projects['env']} (from $FLASHCORE_REGISTRY)" in out
+    assert "env_variant" in cells(table_rows) and f"registry: {projects['env']} (from $FLASHCORE_REGISTRY)" in out
     out = listed("--registry", str(projects["flag"].parent))  # 1. beats everything; a folder is enough
-    assert "flag_variant" in out and "(given by --registry)" in out
+    assert "flag_variant" in cells(table_rows) and "(given by --registry)" in out
     monkeypatch.delenv("FLASHCORE_REGISTRY")
     monkeypatch.chdir(root / "nowhere")  # 4. the installed project's, and no line about it
     assert resolve_registry().path == DEFAULT_REGISTRY
     out = listed()
-    assert "baseline" in out and "registry:" not in out
+    assert "baseline" in cells(table_rows) and "registry:" not in out
 
 
 def test_a_missing_registry_is_one_line(projects, monkeypatch):

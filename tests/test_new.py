@@ -5,7 +5,7 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from conftest import REPO, cells
+from conftest import REPO, cells, said
 from flashcore_cli.cli import app
 from flashcore_cli.registry import load_registry
 from flashcore_cli.scaffold import global_kernel_names, renamed, strip_header
@@ -119,32 +119,32 @@ def hinted_command(output: str) -> list[str]:
     return shlex.split(command)
 
 
-def test_new_in_a_copy_writes_into_the_copy_and_its_hint_works(project, monkeypatch, nvcc, fresh_cache):
+def test_new_in_a_copy_writes_into_the_copy_and_its_hint_works(project, monkeypatch, nvcc, fresh_cache, table_rows):
     monkeypatch.delenv("FLASHCORE_REGISTRY", raising=False)
     installed = (REPO / "variants.yaml").read_text()
     monkeypatch.chdir(project / "kernels")  # anywhere inside the copy: its variants.yaml is found from here
     result = runner.invoke(app, ["new", "mine", "--from", "baseline"])
     assert result.exit_code == 0, result.output
-    assert f"registry: {project / 'variants.yaml'} (found from the current directory)" in result.output
-    assert f"wrote {project / 'kernels' / 'mine.cu'}" in result.output
-    assert f"wrote {project / 'variants.yaml'} (appended the entry 'mine')" in result.output
+    assert f"registry: {project / 'variants.yaml'} (found from the current directory)" in said(result)
+    assert f"wrote {project / 'kernels' / 'mine.cu'}" in said(result)
+    assert f"wrote {project / 'variants.yaml'} (appended the entry 'mine')" in said(result)
     assert (REPO / "variants.yaml").read_text() == installed and not (REPO / "kernels" / "mine.cu").exists()
-    argv = hinted_command(result.output)
+    argv = hinted_command(said(result))
     assert argv == ["ptxas", "mine"]  # found from here: no --registry needed
     hinted = runner.invoke(app, [*argv, "--arch", "sm_90"])
     assert hinted.exit_code == 0, hinted.output
-    assert "mine_fwd<64>" in hinted.output
+    assert "mine_fwd<64>" in cells(table_rows)
 
 
-def test_new_from_outside_the_copy_hints_with_the_registry(project, tmp_path_factory, monkeypatch, nvcc, fresh_cache):
+def test_new_from_outside_the_copy_hints_with_the_registry(project, tmp_path_factory, monkeypatch, nvcc, fresh_cache, table_rows):
     monkeypatch.delenv("FLASHCORE_REGISTRY", raising=False)
     elsewhere = tmp_path_factory.mktemp("elsewhere")
     monkeypatch.chdir(elsewhere)
     result = runner.invoke(app, ["--registry", str(project), "new", "mine", "--from", "baseline"])
     assert result.exit_code == 0, result.output
     assert (project / "kernels" / "mine.cu").is_file()
-    argv = hinted_command(result.output)
+    argv = hinted_command(said(result))
     assert argv == ["--registry", str(project / "variants.yaml"), "ptxas", "mine"]
     hinted = runner.invoke(app, [*argv, "--arch", "sm_90"])
     assert hinted.exit_code == 0, hinted.output
-    assert "mine_fwd<64>" in hinted.output
+    assert "mine_fwd<64>" in cells(table_rows)
