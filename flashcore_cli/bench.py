@@ -60,6 +60,7 @@ class BenchRun:
     causal: bool
     seed: int
     modes: list[str] = field(default_factory=lambda: ["cold"])
+    dtype: str = "fp16"  # of q, k, v for every row, references included
     rows: dict[str, list[BenchRow]] = field(default_factory=dict)  # mode -> its rows, in run order
     environment: dict = field(default_factory=dict)
     clocks_after: dict = field(default_factory=dict)
@@ -86,6 +87,7 @@ class BenchRun:
             "started": self.started,
             "shape": str(self.shape),
             "causal": self.causal,
+            "dtype": self.dtype,
             "seed": self.seed,
             "flops": self.flops,
             "environment": self.environment,
@@ -137,7 +139,7 @@ def bench_variant(
     defines: dict[str, str] | None = None,
 ) -> dict[str, BenchRow]:
     """The variant's row in every mode ({mode: row}); one worker builds, checks and times it in each."""
-    reason = variant.unsupported_reason(case.shape.head_dim, case.causal, arch)
+    reason = variant.unsupported_reason(case.shape.head_dim, case.causal, arch, case.dtype)
     if reason:
         return {m: BenchRow(variant.name, "variant", "SKIP", detail=reason) for m in modes}
     spec = {

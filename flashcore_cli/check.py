@@ -1,10 +1,11 @@
 """Correctness of one variant on one case, in the process that owns the GPU (see isolate.py).
 
-Reference: attention in fp32 on the same fp16 inputs. A variant passes when
+Reference: attention in fp32 on the same fp16 (or bf16) inputs. A variant passes when
     max |out - ref| <= max(ATOL, 2 x max |sdpa - ref|)
-where sdpa is PyTorch's own fp16 scaled_dot_product_attention on the same inputs (flash-attention's rule:
-be no worse than twice the error of a production kernel). ATOL is one fp16 ulp at 1.0 (2^-10), so a case
-where SDPA happens to be exact (S = 1: the output is V) still allows the output's own rounding.
+where sdpa is PyTorch's own scaled_dot_product_attention in the case's dtype on the same inputs
+(flash-attention's rule: be no worse than twice the error of a production kernel). ATOL is one ulp at 1.0
+in that dtype (fp16 2^-10, bf16 2^-7), so a case where SDPA happens to be exact (S = 1: the output is V)
+still allows the output's own rounding.
 """
 
 from __future__ import annotations
@@ -15,6 +16,14 @@ from dataclasses import dataclass, field
 from flashcore_cli.shapes import Case
 
 ATOL = 2.0**-10
+ATOL_BY_DTYPE = {"fp16": ATOL, "bf16": 2.0**-7}
+TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, TORCH_DTYPES[name])
 MAX_MISMATCHES_SHOWN = 5
 
 
@@ -35,10 +44,11 @@ def make_inputs(case: Case, device="cuda"):
 
     gen = torch.Generator(device=device).manual_seed(case.seed)
     shape = (case.shape.batch, case.shape.heads, case.shape.seq_len, case.shape.head_dim)
+    dtype = torch_dtype(case.dtype)
 
     def randn(scale: float = 1.0, rows: int | None = None):
         size = shape if rows is None else (*shape[:2], rows, shape[3])
-        return (torch.randn(size, generator=gen, device=device, dtype=torch.float32) * scale).half()
+        return (torch.randn(size, generator=gen, device=device, dtype=torch.float32) * scale).to(dtype)
 
     if case.inputs == "large":
         return [randn(30.0) for _ in range(3)]
@@ -48,7 +58,7 @@ def make_inputs(case: Case, device="cuda"):
     if case.inputs == "uniform":
         q, row, v = randn(), randn(rows=1), randn()
         return [q, row.expand(shape).contiguous(), v]
-    return [torch.randn(shape, generator=gen, device=device, dtype=torch.float16) for _ in range(3)]
+    return [torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(3)]
 
 
 def reference(q, k, v, causal: bool, scale: float):
@@ -79,7 +89,7 @@ def check_case(attn, case: Case) -> CaseResult:
     ref = reference(q, k, v, case.causal, scale)
     sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=case.causal, scale=scale)
     sdpa_error = (sdpa.float() - ref).abs().max().item()
-    tolerance = max(ATOL, 2.0 * sdpa_error)
+    tolerance = max(ATOL_BY_DTYPE[case.dtype], 2.0 * sdpa_error)
 
     out = torch.full_like(q, float("nan"))  # unwritten elements stay NaN and fail
     attn(q, k, v, causal=case.causal, scale=scale, out=out)

@@ -233,11 +233,14 @@ def bench(
     arch: Arch = None,
     mode: Annotated[str, typer.Option("--mode", help="cold (L2 flushed, device time), graph (CUDA graph replays) or host "
                                       "(back-to-back wall time); several, comma-separated, in one record")] = "cold",
+    dtype: Annotated[str, typer.Option("--dtype", help="fp16 or bf16: q, k, v of every row, references included "
+                                       "(a variant that does not declare it: SKIP)")] = "fp16",
 ) -> int:
     """Time variants beside PyTorch SDPA (default and each backend) and the Triton reference, in one run."""
     from flashcore_cli.commands import cmd_bench
 
-    return cmd_bench(ctx.obj["registry"], names, all_, shape, causal, reps, warmup, json_path, timeout, seed, arch, mode)
+    return cmd_bench(ctx.obj["registry"], names, all_, shape, causal, reps, warmup, json_path, timeout, seed, arch, mode,
+                     dtype)  # fmt: skip
 
 
 from flashcore_cli import cli_tools  # noqa: E402  (the instruments: sanitize, profile, sass, sweep, ...)

@@ -87,11 +87,13 @@ def register(app, handle_errors) -> None:
         json_path: Annotated[Optional[str], typer.Option("--json", help="also write the record to this JSON file")] = None,
         arch: Arch = None,
         mode: Mode = "cold",
+        dtype: Annotated[str, typer.Option("--dtype", help="fp16 or bf16, for every row, references included")] = "fp16",
     ) -> int:
         """Time variants and the references along the sequence length, over every visible GPU; record and chart."""
         from flashcore_cli.sweep import run_sweep
 
-        return run_sweep(ctx.obj["registry"], names, seq, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch, mode)
+        return run_sweep(ctx.obj["registry"], names, seq, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch, mode,
+                         dtype)  # fmt: skip
 
     @app.command()
     @handle_errors

@@ -69,7 +69,7 @@ def cmd_list(registry_path) -> int:
     reg = load_registry(registry_path)
     show_archs = any(v.archs for v in reg.variants)  # a column only when some variant runs on some GPUs only
     table = Table(title=f"flashcore variants ({reg.path})")
-    for col in ("name", "aliases", "head dims", "causal", *(["archs"] if show_archs else []), "sources", "summary"):
+    for col in ("name", "aliases", "head dims", "causal", "dtypes", *(["archs"] if show_archs else []), "sources", "summary"):
         table.add_column(col, overflow="fold")
     for v in reg.variants:
         table.add_row(
@@ -77,6 +77,7 @@ def cmd_list(registry_path) -> int:
             ", ".join(v.aliases),
             ", ".join(map(str, v.head_dims)),
             "yes" if v.causal else "no",
+            ", ".join(v.dtypes),
             *([", ".join(v.archs) or "any"] if show_archs else []),
             "\n".join(str(p.relative_to(reg.root)) for p in v.sources),
             v.summary,
@@ -223,7 +224,8 @@ def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, 
                 elif kind == "case":
                     bar.advance(task)
                 elif kind == "case-start":
-                    bar.update(task, description=f"{name}: {e['case']['shape']}{' causal' if e['case']['causal'] else ''}")
+                    c = e["case"]
+                    bar.update(task, description=f"{name}: {c['shape']}{' causal' if c['causal'] else ''} {c.get('dtype', 'fp16')}")
 
             outcome = run_variant(reg, v, cases, arch=arch, timeout=timeout, on_event=on_event)
             bar.update(task, completed=len(cases))
@@ -237,8 +239,8 @@ def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, 
 
 
 def _render_test(outcomes) -> None:
-    table = Table(title="correctness: max|out - ref| <= max(2^-10, 2 x SDPA's error), fp32 reference")
-    for col, just in (("variant", "left"), ("status", "left"), ("OK", "right"), ("MISMATCH", "right"),
+    table = Table(title="correctness: max|out - ref| <= max(1 ulp at 1.0, 2 x SDPA's error in the same dtype), fp32 reference")
+    for col, just in (("variant", "left"), ("status", "left"), ("dtypes", "left"), ("OK", "right"), ("MISMATCH", "right"),
                       ("TIMEOUT/CRASH/BUILD", "right"), ("SKIP/NOT-RUN", "right"), ("worst err/tol", "right"),
                       ("time", "right")):  # fmt: skip
         table.add_column(col, justify=just)
@@ -246,7 +248,7 @@ def _render_test(outcomes) -> None:
         count = lambda *s: str(sum(c.status in s for c in o.cases))  # noqa: E731
         ratio = o.worst_ratio()
         table.add_row(
-            o.variant, styled(o.status), count("OK"), count("MISMATCH"), count("TIMEOUT", "CRASH", "BUILD-FAIL"),
+            o.variant, styled(o.status), ", ".join(dict.fromkeys(c.case.dtype for c in o.cases)), count("OK"), count("MISMATCH"), count("TIMEOUT", "CRASH", "BUILD-FAIL"),
             count("SKIP", "NOT-RUN"), "-" if ratio is None else f"{ratio:.2f}", f"{o.seconds:.1f} s",
         )  # fmt: skip
     console.print(table)
@@ -272,13 +274,15 @@ def _render_test(outcomes) -> None:
 
 
 # ---------------------------------------------------------------- bench
-def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json_path, timeout, seed, arch, mode="cold") -> int:
+def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json_path, timeout, seed, arch, mode="cold",
+              dtype_text="fp16") -> int:  # fmt: skip
     from flashcore_cli.bench import MIN_REPS, BenchRun, bench_references, bench_variant, finish
     from flashcore_cli.correctness import new_seed, write_json
-    from flashcore_cli.shapes import MISSION_SHAPE, Case, parse_shape
+    from flashcore_cli.shapes import MISSION_SHAPE, Case, parse_dtype, parse_shape
     from flashcore_cli.timing import MODE_TITLES, parse_modes
 
     modes = parse_modes(mode)
+    dtype = parse_dtype(dtype_text)
     reg = load_registry(registry_path)
     variants = reg.select(names, True) if not names else reg.select(names, all_)
     shape = parse_shape(shape_text or MISSION_SHAPE)
@@ -291,9 +295,9 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
     require_gpu("bench")
     arch = parse_arch(arch) if arch else parse_archs(None)[0]
     seed = seed if seed is not None else new_seed()
-    case = Case(shape, causal, seed)
-    run = BenchRun(shape, causal, seed, modes)
-    console.print(f"bench {shape}{' causal' if causal else ''}: {reps} samples per row and mode; seed {seed}")
+    case = Case(shape, causal, seed, dtype=dtype)
+    run = BenchRun(shape, causal, seed, modes, dtype=dtype)
+    console.print(f"bench {shape}{' causal' if causal else ''}{dtype_label(dtype)}: {reps} samples per row and mode; seed {seed}")
     for m in modes:
         console.print(f"  {MODE_TITLES[m]}")
     with progress() as bar:
@@ -311,7 +315,7 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
     from flashcore_cli.records import save_record
 
     record = run.record()
-    saved = save_record(record, "bench", f"{shape}{'-causal' if causal else ''}")
+    saved = save_record(record, "bench", f"{shape}{'-causal' if causal else ''}{'' if dtype == 'fp16' else '-' + dtype}")
     console.print(f"record: {saved}")
     if json_path:
         write_json(json_path, record)
@@ -326,7 +330,7 @@ def render_bench(run) -> None:
     env = run.environment
     for mode in run.modes:
         title = (
-            f"{run.shape}{' causal' if run.causal else ''} on {env.get('gpu', '?')}, {mode} mode "
+            f"{run.shape}{' causal' if run.causal else ''}{dtype_label(run.dtype)} on {env.get('gpu', '?')}, {mode} mode "
             f"(torch {env.get('torch', '?')}, CUDA {env.get('cuda', '?')}, driver {env.get('driver', '?')})"
         )
         table = Table(title=title)
@@ -347,6 +351,11 @@ def render_bench(run) -> None:
                 table.add_row(r.name, styled(r.status), "-", "-", "-", "-", "-", (r.detail or "").splitlines()[0][:120] if r.detail else "")
         console.print(table)
     console.print("vs SDPA: SDPA default's median / this row's median, in the same mode (above 1: faster than SDPA)")
+
+
+def dtype_label(dtype: str) -> str:
+    """' bf16' after a shape in titles; nothing for fp16, the default."""
+    return "" if dtype == "fp16" else f" {dtype}"
 
 
 def timing_note(kind: str, timing: dict) -> str:

@@ -72,10 +72,17 @@ class VariantOutcome:
         }
 
 
-def plan_cases(variant: Variant, shapes: list[Shape] | None, seed: int, causal_modes=(False, True)) -> list[Case]:
-    if shapes:
-        return expand_cases(shapes, seed, causal_modes)
-    return [c for c in default_cases(variant.head_dims, seed) if c.causal in causal_modes]
+def plan_cases(variant: Variant, shapes: list[Shape] | None, seed: int, causal_modes=(False, True),
+               dtypes: tuple[str, ...] | None = None) -> list[Case]:  # fmt: skip
+    """The cases of every dtype the variant declares (or of `dtypes`), fp16's first: its seeds are as before."""
+    cases: list[Case] = []
+    for dtype in dtypes or variant.dtypes:
+        base = seed + len(cases)
+        if shapes:
+            cases += expand_cases(shapes, base, causal_modes, dtype)
+        else:
+            cases += [c for c in default_cases(variant.head_dims, base, dtype) if c.causal in causal_modes]
+    return cases
 
 
 def run_variant(
@@ -90,7 +97,7 @@ def run_variant(
 ) -> VariantOutcome:
     runnable, outcomes = [], {}
     for case in cases:
-        reason = variant.unsupported_reason(case.shape.head_dim, case.causal, arch)
+        reason = variant.unsupported_reason(case.shape.head_dim, case.causal, arch, case.dtype)
         if reason:
             outcomes[case] = CaseOutcome(case, "SKIP", detail=reason)
         else:

@@ -30,7 +30,10 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SOURCE_SUFFIXES = {".cu", ".cuh", ".cpp", ".h"}
 _REQUIRED = {"name", "sources", "summary", "head_dims", "causal"}
-_OPTIONAL = {"aliases", "flags", "defines", "notes", "tune", "archs"}
+_OPTIONAL = {"aliases", "flags", "defines", "notes", "tune", "archs", "dtypes"}
+# The element types a variant may declare (`dtypes:`), by the name users type; fp16 is the default.
+DTYPES = ("fp16", "bf16")
+DEFAULT_DTYPES = ("fp16",)
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Variant:
     tune: TuneSpace
     root: Path  # the project root: kernels/ (flashcore.h, binding.cpp) lives here
     archs: tuple[str, ...] = ()  # the targets it can be built and run for; empty: any
+    dtypes: tuple[str, ...] = DEFAULT_DTYPES  # the element types its launcher takes (DTYPES)
 
     @property
     def kernels_dir(self) -> Path:
@@ -80,10 +84,12 @@ class Variant:
             raise FlashcoreError(f"{self.name} runs on {self.runs_on()} only; it is not built for {arch}")
         return target
 
-    def unsupported_reason(self, head_dim: int, causal: bool, arch: str | None = None) -> str | None:
-        """Why this variant cannot run a case (on a GPU of `arch`, when given), or None when it can."""
+    def unsupported_reason(self, head_dim: int, causal: bool, arch: str | None = None, dtype: str = "fp16") -> str | None:
+        """Why this variant cannot run a case (on a GPU of `arch`, when given; in `dtype`), or None when it can."""
         if arch is not None and self.target_arch(arch) is None:
             return f"{self.name} runs on {self.runs_on()} only; this GPU is {arch}"
+        if dtype not in self.dtypes:
+            return f"dtype {dtype} is not supported by {self.name} (it takes {', '.join(self.dtypes)})"
         if head_dim not in self.head_dims:
             dims = ", ".join(str(d) for d in self.head_dims)
             return f"head dim {head_dim} is not supported by {self.name} (it supports {dims})"
@@ -292,6 +298,7 @@ def _parse_variant(path: Path, root: Path, index: int, entry: Any) -> Variant:
         raise fail("notes", "must be a string")
 
     archs = _parse_archs(entry.get("archs"), fail)
+    dtypes = _parse_dtypes(entry.get("dtypes"), fail)
     tune = _parse_tune(entry.get("tune"), fail)
     return Variant(
         name=name,
@@ -306,6 +313,7 @@ def _parse_variant(path: Path, root: Path, index: int, entry: Any) -> Variant:
         tune=tune,
         root=root,
         archs=archs,
+        dtypes=dtypes,
     )
 
 
@@ -321,6 +329,19 @@ def _parse_archs(raw: Any, fail) -> tuple[str, ...]:
             raise fail("archs", f"unknown arch '{arch}' ({hint}known: {', '.join(TARGETS)})")
     if len(set(raw)) != len(raw):
         raise fail("archs", "lists an arch twice")
+    return tuple(raw)
+
+
+def _parse_dtypes(raw: Any, fail) -> tuple[str, ...]:
+    if raw is None:
+        return DEFAULT_DTYPES
+    if not _is_list_of(raw, str) or not raw:
+        raise fail("dtypes", f"must be a non-empty list of element types, e.g. [fp16, bf16] (got {raw!r})")
+    for dtype in raw:
+        if dtype not in DTYPES:
+            raise fail("dtypes", f"unknown dtype '{dtype}' (known: {', '.join(DTYPES)})")
+    if len(set(raw)) != len(raw):
+        raise fail("dtypes", "lists a dtype twice")
     return tuple(raw)
 
 

@@ -31,6 +31,9 @@ class Shape:
 #   "uniform"  every key row the same: all scores of a row are equal, uniform rows.
 INPUT_KINDS = ("randn", "large", "one-hot", "uniform")
 
+# The element types of q, k, v (and the output), by the names the registry's `dtypes:` and --dtype use.
+DTYPES = ("fp16", "bf16")
+
 
 @dataclass(frozen=True)
 class Case:
@@ -38,17 +41,33 @@ class Case:
     causal: bool
     seed: int
     inputs: str = "randn"
+    dtype: str = "fp16"  # DTYPES
 
     def label(self) -> str:
-        return f"{self.shape}{' causal' if self.causal else ''}{'' if self.inputs == 'randn' else ' ' + self.inputs}"
+        inputs = "" if self.inputs == "randn" else " " + self.inputs
+        return f"{self.shape}{' causal' if self.causal else ''}{inputs}{'' if self.dtype == 'fp16' else ' ' + self.dtype}"
 
     def as_dict(self) -> dict:
+        """Defaults left out, so an fp16 randn case reads as it did before cases had kinds and dtypes."""
         d = {"shape": str(self.shape), "causal": self.causal, "seed": self.seed}
-        return d if self.inputs == "randn" else d | {"inputs": self.inputs}
+        if self.inputs != "randn":
+            d["inputs"] = self.inputs
+        if self.dtype != "fp16":
+            d["dtype"] = self.dtype
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Case":
-        return cls(parse_shape(d["shape"]), bool(d["causal"]), int(d["seed"]), str(d.get("inputs", "randn")))
+        return cls(parse_shape(d["shape"]), bool(d["causal"]), int(d["seed"]), str(d.get("inputs", "randn")),
+                   str(d.get("dtype", "fp16")))  # fmt: skip
+
+
+def parse_dtype(text: str) -> str:
+    """--dtype: one of DTYPES (fp16, bf16); also accepts torch's names float16 / bfloat16."""
+    value = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16"}.get(str(text).strip().lower(), str(text).strip().lower())
+    if value not in DTYPES:
+        raise FlashcoreError(f"bad --dtype '{text}': expected one of {', '.join(DTYPES)}")
+    return value
 
 
 def parse_shape(text: str) -> Shape:
@@ -96,20 +115,20 @@ EXTREME_SHAPES = [
 ]
 
 
-def default_cases(head_dims, base_seed: int) -> list[Case]:
-    cases = expand_cases([Shape(b, h, s, d) for d in head_dims for (b, h, s) in DEFAULT_SHAPES], base_seed)
+def default_cases(head_dims, base_seed: int, dtype: str = "fp16") -> list[Case]:
+    cases = expand_cases([Shape(b, h, s, d) for d in head_dims for (b, h, s) in DEFAULT_SHAPES], base_seed, dtype=dtype)
     for d in head_dims:
         for inputs, (b, h, s) in EXTREME_SHAPES:
             for causal in (False, True):
-                cases.append(Case(Shape(b, h, s, d), causal, base_seed + len(cases), inputs))
+                cases.append(Case(Shape(b, h, s, d), causal, base_seed + len(cases), inputs, dtype))
     return cases
 
 
-def expand_cases(shapes: list[Shape], base_seed: int, causal_modes=(False, True)) -> list[Case]:
+def expand_cases(shapes: list[Shape], base_seed: int, causal_modes=(False, True), dtype: str = "fp16") -> list[Case]:
     cases = []
     for shape in shapes:
         for causal in causal_modes:
-            cases.append(Case(shape, causal, base_seed + len(cases)))
+            cases.append(Case(shape, causal, base_seed + len(cases), dtype=dtype))
     return cases
 
 

@@ -90,7 +90,7 @@ def require_matplotlib() -> None:
 
 
 def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch_text,
-              mode_text="cold") -> int:  # fmt: skip
+              mode_text="cold", dtype_text="fp16") -> int:  # fmt: skip
     from flashcore_cli.archs import parse_arch, parse_archs
     from flashcore_cli.bench import MIN_REPS
     from flashcore_cli.commands import console, progress, require_gpu
@@ -99,10 +99,11 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
     from flashcore_cli.records import save_record
     from flashcore_cli.references import SDPA_DEFAULT, clocks
     from flashcore_cli.registry import load_registry
-    from flashcore_cli.shapes import Case, parse_shape
+    from flashcore_cli.shapes import Case, parse_dtype, parse_shape
     from flashcore_cli.timing import MODE_TITLES, parse_modes
 
     (mode,) = parse_modes(mode_text, several=False)
+    dtype = parse_dtype(dtype_text)
     reg = load_registry(registry_path)
     variants = reg.select(names, True) if not names else reg.select(names, False)
     seq_lens = parse_seq_lens(seq_text or DEFAULT_SEQ_LENS)
@@ -119,7 +120,7 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
     seed = new_seed()
     jobs = []
     for i, shape in enumerate(shapes):
-        case = Case(shape, causal, seed + i).as_dict()
+        case = Case(shape, causal, seed + i, dtype=dtype).as_dict()
         for name in [None, *(v.name for v in variants)]:
             jobs.append(PointJob(str(reg.path), name, case, arch, reps, warmup, timeout, mode))
     console.print(
@@ -163,6 +164,7 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
         "heads": heads,
         "head_dim": dim,
         "causal": causal,
+        "dtype": dtype,
         "seq_lens": seq_lens,
         "seed": seed,
         "arch": arch,
@@ -174,7 +176,7 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
         "rows": rows,
     }
     render_sweep(record)
-    saved = save_record(record, "sweep", f"{batch},{heads},S,{dim}{'-causal' if causal else ''}")
+    saved = save_record(record, "sweep", f"{batch},{heads},S,{dim}{'-causal' if causal else ''}{'' if dtype == 'fp16' else '-' + dtype}")
     console.print(f"record: {saved}")
     if json_path:
         write_json(json_path, record)
@@ -198,11 +200,12 @@ def series(record: dict) -> dict[str, dict[int, dict]]:
 def render_sweep(record: dict) -> None:
     from rich.table import Table
 
-    from flashcore_cli.commands import console, styled
+    from flashcore_cli.commands import console, dtype_label, styled
 
     env = record.get("environment", {})
     title = (
-        f"sweep {record['batch']},{record['heads']},S,{record['head_dim']}{' causal' if record['causal'] else ''} "
+        f"sweep {record['batch']},{record['heads']},S,{record['head_dim']}{' causal' if record['causal'] else ''}"
+        f"{dtype_label(record.get('dtype', 'fp16'))} "
         f"on {env.get('gpu', '?')}, {record.get('mode', 'cold')} mode: median us / TFLOP/s"
     )
     table = Table(title=title)

@@ -2,16 +2,16 @@
 
     triton_attention(q, k, v, causal=False, scale=None) -> torch.Tensor
 
-q, k, v are [B, H, S, D] fp16 tensors on one CUDA device (self-attention: one S for all three),
+q, k, v are [B, H, S, D] fp16 (or bf16) tensors on one CUDA device (self-attention: one S for all three),
 D in {16, 32, 64, 128}, any S >= 1. `causal` means query i sees keys 0..i. `scale` defaults to
-1/sqrt(D). The output is a new [B, H, S, D] fp16 tensor.
+1/sqrt(D). The output is a new [B, H, S, D] tensor of q's dtype.
 
 How it works (the FlashAttention-2 forward):
   * one program per (BLOCK_M query rows, batch*head); Q's tile stays in registers;
   * it walks K/V in BLOCK_N-key blocks, S = Q K^T accumulates in fp32 (tensor cores), and an online
     softmax keeps a running row max m and row sum l; scores are turned into base-2 logits by one
     multiply with scale*log2(e), so every exponential is an exp2;
-  * P (fp16) @ V accumulates into an fp32 [BLOCK_M, D] tile, rescaled by exp2(m_old - m_new) whenever
+  * P (in q's dtype) @ V accumulates into an fp32 [BLOCK_M, D] tile, rescaled by exp2(m_old - m_new) whenever
     the row max grows; the tile is divided by l once at the end;
   * the key walk has two phases: blocks that need no mask at all (loads without bounds, no `where`),
     then the few blocks that do -- under causal the diagonal blocks (key blocks past the diagonal
@@ -226,8 +226,10 @@ def _check(q, k, v) -> None:
             raise TypeError(f"triton_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"triton_attention: {name} must be [B, H, S, D], got shape {tuple(t.shape)}")
-        if t.dtype != torch.float16:
-            raise TypeError(f"triton_attention: {name} must be float16, got {t.dtype}")
+        if t.dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(f"triton_attention: {name} must be float16 or bfloat16, got {t.dtype}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"triton_attention: {name} is {t.dtype} but q is {q.dtype}")
     if not (q.shape == k.shape == v.shape):
         raise ValueError("triton_attention: q, k, v must have one shape (self-attention), got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")

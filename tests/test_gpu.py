@@ -125,3 +125,26 @@ def test_v11_is_exact_on_one_hot_rows(shape, causal):
     ref = reference(x, x, x, causal, scale)
     out = load_variant("v11")(x, x, x, causal=causal, scale=scale)
     assert (out.float() - ref).abs().max().item() == 0.0
+
+
+def test_v11_passes_the_default_set_in_fp16_and_bf16(tmp_path):
+    """`flashcore test v11` checks every dtype v11 declares, each under the rule with SDPA's error in that dtype."""
+    out = tmp_path / "test.json"
+    proc = flashcore("test", "v11", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cases = json.loads(out.read_text())["variants"][0]["cases"]
+    for dtype in ("fp16", "bf16"):
+        statuses = {c["status"] for c in cases if c.get("dtype", "fp16") == dtype}
+        assert statuses == {"OK"}, (dtype, statuses)
+
+
+def test_bench_bf16_times_v11_beside_sdpa_in_bf16(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = flashcore("bench", "v11", "v8", "--dtype", "bf16", "--shape", "1,8,512,64", "--reps", "100", "--json", str(out),
+                     env={"FLASHCORE_RESULTS": str(tmp_path / "results")})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads(out.read_text())
+    rows = {r["name"]: r for r in record["rows"]}
+    assert record["dtype"] == "bf16"
+    assert rows["sdpa"]["status"] == "OK" and rows["v11"]["status"] == "OK"
+    assert rows["v8"]["status"] == "SKIP" and "dtype bf16 is not supported by v8" in rows["v8"]["detail"]
