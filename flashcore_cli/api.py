@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from flashcore_cli.errors import FlashcoreEnvironmentError, FlashcoreInputError
-from flashcore_cli.registry import Variant, load_registry
+from flashcore_cli.core.errors import FlashcoreEnvironmentError, FlashcoreInputError
+from flashcore_cli.registry.variants import Variant, load_registry
 
 NAMESPACE = "flashcore"
 SCHEMA = "(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> Tensor"
@@ -175,8 +175,8 @@ class Attention:
 
 
 def _build(variant: Variant, arch: str, force: bool):
-    from flashcore_cli.build import build_variant
-    from flashcore_cli.tuned import current_gpu_name, tuned_defines
+    from flashcore_cli.build.jit import build_variant
+    from flashcore_cli.build.tuned import current_gpu_name, tuned_defines
 
     defines = tuned_defines(variant.name, current_gpu_name())
     return build_variant(variant, arch, force=force, extra_defines=defines or None)
@@ -187,7 +187,7 @@ def load_variant(name: str, *, registry=None, arch: str | None = None, force: bo
     op flashcore::<name>. Raises FlashcoreError for an unknown variant or a broken registry,
     FlashcoreEnvironmentError (a RuntimeError) where this machine cannot build it (a CPU build of torch, a GPU
     the variant does not run on), BuildError when the compiler fails."""
-    from flashcore_cli.toolchain import cpu_torch_problem
+    from flashcore_cli.build.toolchain import cpu_torch_problem
 
     variant = load_registry(registry).get(name)
     problem = cpu_torch_problem()
@@ -197,7 +197,7 @@ def load_variant(name: str, *, registry=None, arch: str | None = None, force: bo
         import torch
 
         if not torch.cuda.is_available():
-            from flashcore_cli.archs import DEFAULT_ARCH
+            from flashcore_cli.registry.archs import DEFAULT_ARCH
 
             arch = DEFAULT_ARCH
         else:

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flashcore_cli.errors import EXIT_INTERNAL_ERROR, EXIT_INTERRUPTED, FlashcoreError
+from flashcore_cli.core.errors import EXIT_INTERNAL_ERROR, EXIT_INTERRUPTED, FlashcoreError
 
 app = typer.Typer(
     name="flashcore",
@@ -46,20 +46,20 @@ def handle_errors(fn):
                 _resolve_registry(kwargs["ctx"])
             code = fn(*args, **kwargs)
         except FlashcoreError as exc:
-            from flashcore_cli.commands import err_console
+            from flashcore_cli.core.console import err_console
 
             err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
-            from flashcore_cli.commands import err_console
+            from flashcore_cli.core.console import err_console
 
             err_console.print("[yellow]interrupted[/]")
             raise typer.Exit(EXIT_INTERRUPTED) from None
         except (typer.Exit, typer.Abort):
             raise
         except Exception as exc:
-            from flashcore_cli.commands import err_console
-            from flashcore_cli.errors import write_crash_log
+            from flashcore_cli.core.console import err_console
+            from flashcore_cli.core.errors import write_crash_log
 
             log = write_crash_log(exc)
             message = (str(exc).strip().splitlines() or [""])[0][:300]
@@ -104,7 +104,7 @@ def _option_name(fn, parameter: str) -> str | None:
 
 def _resolve_registry(ctx: typer.Context) -> None:
     """--registry, $FLASHCORE_REGISTRY, a variants.yaml here or above, the installed one (registry.py)."""
-    from flashcore_cli.registry import REGISTRY_ENV, resolve_registry
+    from flashcore_cli.registry.variants import REGISTRY_ENV, resolve_registry
 
     obj = ctx.find_root().obj
     if not isinstance(obj, dict) or "registry" in obj:
@@ -114,7 +114,7 @@ def _resolve_registry(ctx: typer.Context) -> None:
     if not choice.is_installed:
         from rich.markup import escape
 
-        from flashcore_cli.commands import err_console
+        from flashcore_cli.core.console import err_console
 
         how = {"--registry": "given by --registry", REGISTRY_ENV: f"from ${REGISTRY_ENV}"}.get(choice.source, "found from the current directory")
         err_console.print(f"[dim]registry: {escape(str(choice.path))} ({how})[/]", highlight=False, soft_wrap=True)

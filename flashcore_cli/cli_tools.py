@@ -35,7 +35,7 @@ def register(app, handle_errors) -> None:
         arch: Arch = None,
     ) -> int:
         """Run a variant once on a small shape under compute-sanitizer; exit 1 on any error."""
-        from flashcore_cli.sanitize import run_sanitize
+        from flashcore_cli.inspect.sanitize import run_sanitize
 
         return run_sanitize(ctx.obj["registry"], name, tool, shape, causal, timeout, show, arch)
 
@@ -51,7 +51,7 @@ def register(app, handle_errors) -> None:
         arch: Arch = None,
     ) -> int:
         """Nsight Compute on a variant's kernels only (clocks not locked): a short table, the .ncu-rep kept."""
-        from flashcore_cli.profile import run_profile
+        from flashcore_cli.inspect.profile import run_profile
 
         return run_profile(ctx.obj["registry"], name, shape, causal, timeout, arch)
 
@@ -65,7 +65,7 @@ def register(app, handle_errors) -> None:
         out: Annotated[Optional[str], typer.Option("--out", help="write the whole SASS listing to this file")] = None,
     ) -> int:
         """The SASS of a variant's kernels (cuobjdump) and its instruction mix — no GPU needed."""
-        from flashcore_cli.sass import run_sass
+        from flashcore_cli.inspect.sass import run_sass
 
         return run_sass(ctx.obj["registry"], name, arch, out)
 
@@ -90,7 +90,7 @@ def register(app, handle_errors) -> None:
         dtype: Annotated[str, typer.Option("--dtype", help="fp16 or bf16, for every row, references included")] = "fp16",
     ) -> int:
         """Time variants and the references along the sequence length, over every visible GPU; record and chart."""
-        from flashcore_cli.sweep import run_sweep
+        from flashcore_cli.measure.sweep import run_sweep
 
         return run_sweep(ctx.obj["registry"], names, seq, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch, mode,
                          dtype)  # fmt: skip
@@ -105,7 +105,7 @@ def register(app, handle_errors) -> None:
         mode: Annotated[Optional[str], typer.Option("--mode", help="the mode to compare when a record holds several (cold, graph, host)")] = None,
     ) -> int:
         """Faster / slower / same per row of two run records (of the same mode); exit 1 on a regression (for CI)."""
-        from flashcore_cli.compare import run_compare
+        from flashcore_cli.report.compare import run_compare
 
         return run_compare(a, b, threshold, mode)
 
@@ -126,7 +126,7 @@ def register(app, handle_errors) -> None:
         mode: Mode = "cold",
     ) -> int:
         """Search a variant's declared -D parameters; store the fastest correct one for this GPU."""
-        from flashcore_cli.tune import run_tune
+        from flashcore_cli.measure.tune import run_tune
 
         return run_tune(ctx.obj["registry"], name, param, shape, causal, reps, warmup, timeout, arch, dry_run, mode)
 
@@ -134,7 +134,7 @@ def register(app, handle_errors) -> None:
     @handle_errors
     def doctor(ctx: typer.Context) -> int:
         """GPU, driver, CUDA, torch, triton, ninja, ncu, compute-sanitizer, cache: what is here and what to do."""
-        from flashcore_cli.doctor import run_doctor
+        from flashcore_cli.inspect.doctor import run_doctor
 
         return run_doctor(ctx.obj["registry"])
 
@@ -147,7 +147,7 @@ def register(app, handle_errors) -> None:
         from_: Annotated[str, typer.Option("--from", help="the variant to start from, e.g. v8")],
     ) -> int:
         """Scaffold a variant from another: kernels/NAME.cu with a fresh header, renamed kernels, a registry entry."""
-        from flashcore_cli.scaffold import run_new
+        from flashcore_cli.build.scaffold import run_new
 
         return run_new(ctx.obj["registry"], name, from_)
 
@@ -162,7 +162,7 @@ def register(app, handle_errors) -> None:
         out: Annotated[str, typer.Option("--out", "-o", help="the results file to write, e.g. docs/results/h200.json")],
     ) -> int:
         """One results file from several bench records of one GPU (shapes, causal and not, modes)."""
-        from flashcore_cli.report import run_merge
+        from flashcore_cli.report.readme import run_merge
 
         return run_merge(records, out)
 
@@ -176,6 +176,6 @@ def register(app, handle_errors) -> None:
         check: Annotated[bool, typer.Option("--check", help="write nothing; exit 1 if a table or the chart is out of date")] = False,
     ) -> int:
         """Rewrite the README's tables and docs/ladder.md's chart from a results file (--check: only compare)."""
-        from flashcore_cli.report import run_readme
+        from flashcore_cli.report.readme import run_readme
 
         return run_readme(results, readme, ladder, check)

@@ -3,68 +3,26 @@
 from __future__ import annotations
 
 import os
-import re
-import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from flashcore_cli.archs import parse_arch, parse_archs
-from flashcore_cli.errors import FlashcoreEnvironmentError, FlashcoreError
-from flashcore_cli.registry import load_registry
-
-# Tables are wide: give pipes and CI logs room instead of folding every cell.
-console = Console(width=None if sys.stdout.isatty() else 180)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 180)
-
-STATUS_STYLE = {
-    "OK": "green",
-    "SKIP": "dim",
-    "NOT-RUN": "dim",
-    "MISMATCH": "bold red",
-    "TIMEOUT": "bold magenta",
-    "CRASH": "bold red",
-    "BUILD-FAIL": "bold yellow",
-}
+from flashcore_cli.build.toolchain import require_cuda_torch
+from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.registry.archs import parse_arch, parse_archs
+from flashcore_cli.registry.variants import load_registry
+from flashcore_cli.core.console import (
+    console,
+    dtype_label,
+    err_console,
+    progress,
+    require_gpu,
+    short_kernel,
+    styled,
+    timing_note,
+)
 
 
-def require_cuda_torch() -> None:
-    from flashcore_cli.toolchain import cpu_torch_problem
-
-    problem = cpu_torch_problem()
-    if problem:
-        raise FlashcoreEnvironmentError(problem)
-
-
-def require_gpu(command: str) -> None:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise FlashcoreError(
-            f"`flashcore {command}` runs kernels and needs a CUDA GPU; none is visible here "
-            "(`flashcore ptxas` and `flashcore list` work without one)"
-        )
-
-
-def styled(status: str) -> str:
-    return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
-
-
-def progress() -> Progress:
-    return Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    )
-
-
-# ---------------------------------------------------------------- list
 def cmd_list(registry_path) -> int:
     reg = load_registry(registry_path)
     show_archs = any(v.archs for v in reg.variants)  # a column only when some variant runs on some GPUs only
@@ -88,7 +46,7 @@ def cmd_list(registry_path) -> int:
 
 # ---------------------------------------------------------------- build
 def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
-    from flashcore_cli.isolate import run_worker
+    from flashcore_cli.core.isolate import run_worker
 
     reg = load_registry(registry_path)
     variants = reg.select(names, all_)
@@ -141,8 +99,8 @@ def _build_word(outcome) -> str:
 
 # ---------------------------------------------------------------- ptxas
 def cmd_ptxas(registry_path, names, all_, arch_text, json_path, fail_on_spill) -> int:
-    from flashcore_cli.correctness import write_json
-    from flashcore_cli.ptxas import report_all
+    from flashcore_cli.check.correctness import write_json
+    from flashcore_cli.build.ptxas import report_all
 
     reg = load_registry(registry_path)
     variants = reg.select(names, all_)
@@ -188,19 +146,14 @@ def cmd_ptxas(registry_path, names, all_, arch_text, json_path, fail_on_spill) -
     return 0
 
 
-def short_kernel(name: str) -> str:
-    """'void v8_fwd<64>(FlashcoreParams)' -> 'v8_fwd<64>' (also with more parameters after the params struct)."""
-    return re.sub(r"^void |\(FlashcoreParams(, [^()]*)?\)$", "", name)
-
-
 def _kb(n: int) -> str:
     return f"{n / 1024:.1f} KB" if n else "0"
 
 
 # ---------------------------------------------------------------- test
 def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, arch) -> int:
-    from flashcore_cli.correctness import new_seed, plan_cases, run_variant, write_json
-    from flashcore_cli.shapes import parse_shapes
+    from flashcore_cli.check.correctness import new_seed, plan_cases, run_variant, write_json
+    from flashcore_cli.registry.shapes import parse_shapes
 
     reg = load_registry(registry_path)
     variants = reg.select(names, all_)
@@ -276,10 +229,10 @@ def _render_test(outcomes) -> None:
 # ---------------------------------------------------------------- bench
 def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json_path, timeout, seed, arch, mode="cold",
               dtype_text="fp16") -> int:  # fmt: skip
-    from flashcore_cli.bench import MIN_REPS, BenchRun, bench_references, bench_variant, finish
-    from flashcore_cli.correctness import new_seed, write_json
-    from flashcore_cli.shapes import MISSION_SHAPE, Case, parse_dtype, parse_shape
-    from flashcore_cli.timing import MODE_TITLES, parse_modes
+    from flashcore_cli.measure.bench import MIN_REPS, BenchRun, bench_references, bench_variant, finish
+    from flashcore_cli.check.correctness import new_seed, write_json
+    from flashcore_cli.registry.shapes import MISSION_SHAPE, Case, parse_dtype, parse_shape
+    from flashcore_cli.measure.timing import MODE_TITLES, parse_modes
 
     modes = parse_modes(mode)
     dtype = parse_dtype(dtype_text)
@@ -312,7 +265,7 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
             bar.advance(task)
     finish(run)
     render_bench(run)
-    from flashcore_cli.records import save_record
+    from flashcore_cli.core.records import save_record
 
     record = run.record()
     saved = save_record(record, "bench", f"{shape}{'-causal' if causal else ''}{'' if dtype == 'fp16' else '-' + dtype}")
@@ -325,7 +278,7 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
 
 def render_bench(run) -> None:
     """One table per mode, its title naming the mode; speedups against SDPA in the same mode."""
-    from flashcore_cli.bench import sdpa_median
+    from flashcore_cli.measure.bench import sdpa_median
 
     env = run.environment
     for mode in run.modes:
@@ -351,18 +304,3 @@ def render_bench(run) -> None:
                 table.add_row(r.name, styled(r.status), "-", "-", "-", "-", "-", (r.detail or "").splitlines()[0][:120] if r.detail else "")
         console.print(table)
     console.print("vs SDPA: SDPA default's median / this row's median, in the same mode (above 1: faster than SDPA)")
-
-
-def dtype_label(dtype: str) -> str:
-    """' bf16' after a shape in titles; nothing for fp16, the default."""
-    return "" if dtype == "fp16" else f" {dtype}"
-
-
-def timing_note(kind: str, timing: dict) -> str:
-    """A timed row's note: its kind, how many calls one sample holds (graph, host), discarded samples."""
-    parts = [kind]
-    if timing.get("calls_per_sample", 1) > 1:
-        parts.append(f"{timing['calls_per_sample']} calls/sample")
-    if timing.get("timed_out_samples"):
-        parts.append(f"{timing['timed_out_samples']} sample(s) discarded: start timed out")
-    return ", ".join(parts)

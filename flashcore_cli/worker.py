@@ -16,7 +16,7 @@ import json
 import sys
 import traceback
 
-from flashcore_cli.shapes import Case
+from flashcore_cli.registry.shapes import Case
 
 
 class Events:
@@ -30,10 +30,10 @@ class Events:
 
 def _build(spec: dict, events: Events):
     from flashcore_cli.api import Attention
-    from flashcore_cli.build import BuildError, build_variant
-    from flashcore_cli.registry import load_registry
+    from flashcore_cli.build.jit import BuildError, build_variant
+    from flashcore_cli.registry.variants import load_registry
 
-    from flashcore_cli.tuned import current_gpu_name, tuned_defines
+    from flashcore_cli.build.tuned import current_gpu_name, tuned_defines
 
     variant = load_registry(spec["registry"]).get(spec["variant"])
     explicit = spec.get("defines") or {}
@@ -58,7 +58,7 @@ def task_build(spec: dict, events: Events) -> None:
 
 def _check(attn, case: Case, events: Events):
     """Check one case and report it; None when it crashed (the crash is reported; the context is gone)."""
-    from flashcore_cli.check import check_case
+    from flashcore_cli.check.case import check_case
 
     events.emit("case-start", case=case.as_dict())
     try:
@@ -77,8 +77,8 @@ def _modes(spec: dict) -> list[str]:
 def _time(attn, case: Case, spec: dict, events: Events) -> None:
     import torch
 
-    from flashcore_cli.check import make_inputs
-    from flashcore_cli.timing import TimingError, time_callable
+    from flashcore_cli.check.case import make_inputs
+    from flashcore_cli.measure.timing import TimingError, time_callable
 
     q, k, v = make_inputs(case)
     out = torch.empty_like(q)
@@ -119,9 +119,10 @@ def task_bench(spec: dict, events: Events) -> None:
 
 
 def task_references(spec: dict, events: Events) -> None:
-    from flashcore_cli.references import environment, reference_functions
-    from flashcore_cli.check import make_inputs
-    from flashcore_cli.timing import L2Flusher, TimingError, time_callable
+    from flashcore_cli.core.records import environment
+    from flashcore_cli.measure.references import reference_functions
+    from flashcore_cli.check.case import make_inputs
+    from flashcore_cli.measure.timing import L2Flusher, TimingError, time_callable
 
     events.emit("built", note="references need no build")
     events.emit("environment", **environment())
@@ -158,7 +159,7 @@ def task_launch(spec: dict, events: Events) -> None:
     watches (sanitize/profile build the variant beforehand, so this only loads it from the cache)."""
     import torch
 
-    from flashcore_cli.check import make_inputs
+    from flashcore_cli.check.case import make_inputs
 
     attn = _build(spec, events)
     if attn is None:
@@ -182,7 +183,7 @@ def task_trial(spec: dict, events: Events) -> None:
     out), check every case, and time spec["case"] only if all passed."""
     import torch
 
-    from flashcore_cli.references import environment
+    from flashcore_cli.core.records import environment
 
     attn = _build(spec, events)
     if attn is None:

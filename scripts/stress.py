@@ -11,10 +11,10 @@ import argparse
 import random
 import sys
 
-from flashcore_cli.archs import parse_archs
-from flashcore_cli.correctness import new_seed, run_variant
-from flashcore_cli.registry import load_registry
-from flashcore_cli.shapes import Case, Shape
+from flashcore_cli.registry.archs import parse_archs
+from flashcore_cli.check.correctness import new_seed, run_variant
+from flashcore_cli.registry.variants import load_registry
+from flashcore_cli.registry.shapes import Case, Shape
 
 
 def random_cases(head_dims, launches: int, seed: int) -> list[Case]:

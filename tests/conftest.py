@@ -79,8 +79,8 @@ def said(result) -> str:
 
 @pytest.fixture
 def nvcc():
-    from flashcore_cli.toolchain import find_nvcc
-    from flashcore_cli.errors import FlashcoreError
+    from flashcore_cli.build.toolchain import find_nvcc
+    from flashcore_cli.core.errors import FlashcoreError
 
     try:
         return find_nvcc()

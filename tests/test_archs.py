@@ -10,13 +10,13 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import FIXTURES, cells, said
-from flashcore_cli import archs
-from flashcore_cli.archs import parse_arch
+from flashcore_cli.registry import archs
+from flashcore_cli.registry.archs import parse_arch
 from flashcore_cli.cli import app
-from flashcore_cli.correctness import plan_cases, run_variant
-from flashcore_cli.errors import FlashcoreError
-from flashcore_cli.registry import load_registry
-from flashcore_cli.toolchain import gencode
+from flashcore_cli.check.correctness import plan_cases, run_variant
+from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.registry.variants import load_registry
+from flashcore_cli.build.toolchain import gencode
 
 REGISTRY = FIXTURES / "registries" / "archs.yaml"
 runner = CliRunner(env={"COLUMNS": "200"})
@@ -128,8 +128,7 @@ def test_the_fixture_really_needs_sm_90a(tmp_path, nvcc):
 
 @pytest.fixture
 def cuobjdump():
-    from flashcore_cli import cudatools
-
+    from flashcore_cli.build import cudatools
     if cudatools.locate("cuobjdump") is None:
         pytest.skip("cuobjdump is not installed")
 

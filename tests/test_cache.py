@@ -6,8 +6,8 @@ import shutil
 import pytest
 
 from conftest import REPO
-from flashcore_cli.cache import cache_key, source_closure
-from flashcore_cli.registry import load_registry
+from flashcore_cli.build.cache import cache_key, source_closure
+from flashcore_cli.registry.variants import load_registry
 
 
 @pytest.fixture

@@ -131,7 +131,7 @@ def listed(*args, env=None):
 
 
 def test_registry_resolution_order(projects, monkeypatch, table_rows):
-    from flashcore_cli.registry import DEFAULT_REGISTRY, resolve_registry
+    from flashcore_cli.registry.variants import DEFAULT_REGISTRY, resolve_registry
 
     root = projects["root"]
     monkeypatch.chdir(root / "near" / "deep" / "er")  # 3. a variants.yaml in a parent folder

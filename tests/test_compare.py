@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from conftest import cells
 from flashcore_cli.cli import app
-from flashcore_cli.compare import compare, row_verdict, timing_verdict
+from flashcore_cli.report.compare import compare, row_verdict, timing_verdict
 
 runner = CliRunner()
 

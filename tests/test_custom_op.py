@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from flashcore_cli.api import Attention, op_name, register_op
-from flashcore_cli.errors import FlashcoreInputError
-from flashcore_cli.registry import load_registry
+from flashcore_cli.core.errors import FlashcoreInputError
+from flashcore_cli.registry.variants import load_registry
 
 torch = pytest.importorskip("torch")
 
@@ -157,7 +157,7 @@ def test_gpu_compiled_block_matches_eager_within_the_rule(dtype):
     import torch.nn.functional as F
 
     from flashcore_cli import load_variant
-    from flashcore_cli.check import ATOL, reference
+    from flashcore_cli.check.case import ATOL, reference
 
     heads, embed = 8, 512
     gen = torch.Generator(device="cuda").manual_seed(2)

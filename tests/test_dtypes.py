@@ -5,8 +5,8 @@ import pytest
 from typer.testing import CliRunner
 
 from flashcore_cli.cli import app
-from flashcore_cli.errors import FlashcoreError
-from flashcore_cli.registry import load_registry
+from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.registry.variants import load_registry
 
 runner = CliRunner(env={"COLUMNS": "200"})
 
@@ -62,7 +62,7 @@ def test_list_shows_the_dtypes(table_rows):
 def test_a_case_carries_its_dtype_through_json_and_stays_hashable():
     import json
 
-    from flashcore_cli.shapes import Case, parse_shape
+    from flashcore_cli.registry.shapes import Case, parse_shape
 
     case = Case(parse_shape("1,2,17,64"), True, 3, "one-hot", "bf16")
     assert Case.from_dict(json.loads(json.dumps(case.as_dict()))) == case
@@ -73,8 +73,8 @@ def test_a_case_carries_its_dtype_through_json_and_stays_hashable():
 
 def test_inputs_are_drawn_in_the_case_dtype():
     torch = pytest.importorskip("torch")
-    from flashcore_cli.check import make_inputs
-    from flashcore_cli.shapes import INPUT_KINDS, Case, parse_shape
+    from flashcore_cli.check.case import make_inputs
+    from flashcore_cli.registry.shapes import INPUT_KINDS, Case, parse_shape
 
     for inputs in INPUT_KINDS:
         for dtype, expected in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
@@ -83,8 +83,8 @@ def test_inputs_are_drawn_in_the_case_dtype():
 
 
 def test_test_plans_every_declared_dtype_with_fp16_seeds_unchanged():
-    from flashcore_cli.correctness import plan_cases
-    from flashcore_cli.shapes import default_cases
+    from flashcore_cli.check.correctness import plan_cases
+    from flashcore_cli.registry.shapes import default_cases
 
     reg = load_registry()
     fp16_only = plan_cases(reg.get("v8"), None, 100)
@@ -96,9 +96,9 @@ def test_test_plans_every_declared_dtype_with_fp16_seeds_unchanged():
 
 
 def test_a_dtype_a_variant_does_not_declare_is_a_skip_with_the_reason():
-    from flashcore_cli.bench import bench_variant
-    from flashcore_cli.correctness import run_variant
-    from flashcore_cli.shapes import Case, parse_shape
+    from flashcore_cli.measure.bench import bench_variant
+    from flashcore_cli.check.correctness import run_variant
+    from flashcore_cli.registry.shapes import Case, parse_shape
 
     reg = load_registry()
     case = Case(parse_shape("1,2,64,64"), False, 1, dtype="bf16")
@@ -112,8 +112,8 @@ def test_bench_dtype_reaches_the_workers_and_the_record(monkeypatch, tmp_path):
     """No GPU: the workers are faked; the option, the cases they get and the record are real."""
     import json
 
-    from flashcore_cli import bench, commands
-    from flashcore_cli.bench import BenchRow
+    from flashcore_cli.measure import bench
+    from flashcore_cli.measure.bench import BenchRow
 
     seen = []
 
@@ -127,7 +127,7 @@ def test_bench_dtype_reaches_the_workers_and_the_record(monkeypatch, tmp_path):
 
     monkeypatch.setattr(bench, "bench_references", fake_references)
     monkeypatch.setattr(bench, "bench_variant", fake_variant)
-    monkeypatch.setattr(commands, "require_gpu", lambda command: None)
+    monkeypatch.setattr("flashcore_cli.commands.require_gpu", lambda command: None)
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path / "results"))
     out = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "v12", "--dtype", "bf16", "--json", str(out), "--arch", "sm_90"])

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from conftest import FIXTURES
 from flashcore_cli.cli import app
-from flashcore_cli.errors import EXIT_BAD_INPUT, EXIT_INTERNAL_ERROR, EXIT_INTERRUPTED, FlashcoreEnvironmentError
+from flashcore_cli.core.errors import EXIT_BAD_INPUT, EXIT_INTERNAL_ERROR, EXIT_INTERRUPTED, FlashcoreEnvironmentError
 
 runner = CliRunner(env={"COLUMNS": "200"})
 

@@ -5,8 +5,8 @@ import json
 
 import torch
 
-from flashcore_cli.check import make_inputs
-from flashcore_cli.shapes import INPUT_KINDS, Case, default_cases, parse_shape
+from flashcore_cli.check.case import make_inputs
+from flashcore_cli.registry.shapes import INPUT_KINDS, Case, default_cases, parse_shape
 
 
 def test_the_default_set_holds_every_extreme_kind_at_every_head_dim_and_mask():

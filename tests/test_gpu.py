@@ -87,7 +87,7 @@ def test_bad_input_raises_clear_errors():
     import torch
 
     from flashcore_cli import load_variant
-    from flashcore_cli.errors import FlashcoreInputError
+    from flashcore_cli.core.errors import FlashcoreInputError
 
     attn = load_variant("baseline")
     q = torch.randn(1, 2, 33, 64, device="cuda", dtype=torch.float16)
@@ -117,7 +117,7 @@ def test_v11_is_exact_on_one_hot_rows(shape, causal):
     import torch
 
     from flashcore_cli import load_variant
-    from flashcore_cli.check import reference
+    from flashcore_cli.check.case import reference
 
     torch.manual_seed(0)
     x = (torch.randn(shape, device="cuda") * 30).half()

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flashcore_cli.bench import BenchRow
+from flashcore_cli.measure.bench import BenchRow
 from flashcore_cli.cli import app
-from flashcore_cli.gpus import LaneLost, map_on_gpus
-from flashcore_cli.shapes import Case, parse_shape
-from flashcore_cli.sweep import PointJob
-from flashcore_cli.tune import Candidate, TrialJob, best_per_gpu, ranked
+from flashcore_cli.measure.gpus import LaneLost, map_on_gpus
+from flashcore_cli.registry.shapes import Case, parse_shape
+from flashcore_cli.measure.sweep import PointJob
+from flashcore_cli.measure.tune import Candidate, TrialJob, best_per_gpu, ranked
 
 runner = CliRunner()
 LOG = "FC_TEST_LANE_LOG"  # the file every fake measurement appends "<point> <lane's GPU> <pid>" to
@@ -95,11 +95,12 @@ def lane_log(tmp_path, monkeypatch) -> Path:
 
 def fake_sweep(monkeypatch, tmp_path) -> dict:
     """`flashcore sweep baseline --seq 512,1024,2048` on two faked GPUs; returns its record."""
-    from flashcore_cli import commands, gpus, sweep
 
+    from flashcore_cli.measure import gpus
+    from flashcore_cli.measure import sweep
     monkeypatch.setattr(sweep, "run_point", fake_point)  # handed to the lanes by reference: they import this module
     monkeypatch.setattr(gpus, "visible_gpus", lambda: ["0", "1"])
-    monkeypatch.setattr(commands, "require_gpu", lambda command: None)
+    monkeypatch.setattr("flashcore_cli.core.console.require_gpu", lambda command: None)
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path))
     result = runner.invoke(app, ["sweep", "baseline", "--seq", "2048,512,1024"])
     assert result.exit_code == 0, result.output
@@ -180,8 +181,8 @@ def test_sweep_with_a_killed_lane_keeps_the_rest_of_the_record(lane_log, tmp_pat
 
 
 def test_tune_on_two_lanes_picks_the_same_winner_as_on_one(lane_log, monkeypatch):
-    from flashcore_cli import gpus, tune
-
+    from flashcore_cli.measure import gpus
+    from flashcore_cli.measure import tune
     monkeypatch.setattr(tune, "run_trial", fake_trial)
     template = TrialJob("r.yaml", "v", "sm_90", (), (), Case(parse_shape("1,8,512,64"), False, 1).as_dict(), 100, 10, 60.0)
     outcomes = {}

@@ -6,9 +6,9 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import FIXTURES
-from flashcore_cli import cudatools
+from flashcore_cli.build import cudatools
 from flashcore_cli.cli import app
-from flashcore_cli.profile import METRICS, failed_metrics, function_name, kernel_regex, ncu_problem, parse_ncu_details
+from flashcore_cli.inspect.profile import METRICS, failed_metrics, function_name, kernel_regex, ncu_problem, parse_ncu_details
 
 INSTRUMENTS = FIXTURES / "instruments"
 runner = CliRunner()
@@ -84,10 +84,14 @@ def test_the_command_end_to_end_with_a_replayed_report(monkeypatch, tmp_path):
     profile taken again; the report read back is ncu_details_v11.csv."""
     from pathlib import Path
 
-    from flashcore_cli import commands, isolate, profile, ptxas
-    from flashcore_cli.isolate import WorkerOutcome
-    from flashcore_cli.profile import TENSOR_GMMA
-    from flashcore_cli.ptxas import KernelResources, VariantReport
+    from flashcore_cli.core import isolate
+
+    from flashcore_cli.inspect import profile
+
+    from flashcore_cli.build import ptxas
+    from flashcore_cli.core.isolate import WorkerOutcome
+    from flashcore_cli.inspect.profile import TENSOR_GMMA
+    from flashcore_cli.build.ptxas import KernelResources, VariantReport
 
     attempts = []
 
@@ -108,7 +112,7 @@ def test_the_command_end_to_end_with_a_replayed_report(monkeypatch, tmp_path):
     monkeypatch.setattr(ptxas, "compile_probe", lambda variant, arch, extra_defines=None: VariantReport("baseline", arch, kernels))
     monkeypatch.setattr(isolate, "run_worker", fake_run_worker)
     monkeypatch.setattr(profile, "read_report", lambda ncu, report: parse_ncu_details((INSTRUMENTS / "ncu_details_v11.csv").read_text()))
-    monkeypatch.setattr(commands, "require_gpu", lambda command: None)
+    monkeypatch.setattr("flashcore_cli.core.console.require_gpu", lambda command: None)
     monkeypatch.setattr(cudatools, "locate", lambda tool: Path("/opt/nsight-compute") / tool)
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path))
     result = runner.invoke(app, ["profile", "baseline"])
@@ -126,9 +130,11 @@ def test_the_command_end_to_end_with_a_replayed_report(monkeypatch, tmp_path):
 def test_denied_counters_are_a_clear_exit_2(monkeypatch, tmp_path):
     from pathlib import Path
 
-    from flashcore_cli import commands, isolate, ptxas
-    from flashcore_cli.isolate import WorkerOutcome
-    from flashcore_cli.ptxas import KernelResources, VariantReport
+    from flashcore_cli.core import isolate
+
+    from flashcore_cli.build import ptxas
+    from flashcore_cli.core.isolate import WorkerOutcome
+    from flashcore_cli.build.ptxas import KernelResources, VariantReport
 
     def fake_run_worker(spec, *, run_timeout, prefix=None, env=None, **_):
         if spec["task"] == "launch":
@@ -138,7 +144,7 @@ def test_denied_counters_are_a_clear_exit_2(monkeypatch, tmp_path):
     report = VariantReport("baseline", "sm_90", [KernelResources("m", "void baseline_fwd<64>(FlashcoreParams)", "sm_90")])
     monkeypatch.setattr(ptxas, "compile_probe", lambda variant, arch, extra_defines=None: report)
     monkeypatch.setattr(isolate, "run_worker", fake_run_worker)
-    monkeypatch.setattr(commands, "require_gpu", lambda command: None)
+    monkeypatch.setattr("flashcore_cli.core.console.require_gpu", lambda command: None)
     monkeypatch.setattr(cudatools, "locate", lambda tool: Path("/opt/nsight-compute") / tool)
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path))
     result = runner.invoke(app, ["profile", "baseline"])

@@ -3,8 +3,8 @@
 import pytest
 
 from conftest import FIXTURES, REPO
-from flashcore_cli.errors import FlashcoreError
-from flashcore_cli.registry import load_registry
+from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.registry.variants import load_registry
 
 REGISTRIES = FIXTURES / "registries"
 

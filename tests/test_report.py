@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from conftest import FIXTURES, REPO, said
 from flashcore_cli.cli import app
-from flashcore_cli.report import chart_path, load_results
+from flashcore_cli.report.readme import chart_path, load_results
 
 RECORDS = FIXTURES / "records"
 SHORT, CAUSAL, BEFORE_MODES = (str(RECORDS / f) for f in ("bench-short-three-modes.json", "bench-long-causal.json", "bench-long-before-modes.json"))
@@ -171,8 +171,8 @@ def test_one_bench_record_is_a_results_file_of_one(project):
 
 
 def test_a_record_as_bench_writes_it_with_several_modes(tmp_path):
-    from flashcore_cli.bench import BenchRow, BenchRun
-    from flashcore_cli.shapes import parse_shape
+    from flashcore_cli.measure.bench import BenchRow, BenchRun
+    from flashcore_cli.registry.shapes import parse_shape
 
     def timed(median):
         return {"median_us": median, "p10_us": median * 0.9, "p90_us": median * 1.1, "samples_us": [median] * 100}

@@ -5,9 +5,9 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import FIXTURES, cells
-from flashcore_cli import cudatools
+from flashcore_cli.build import cudatools
 from flashcore_cli.cli import app
-from flashcore_cli.sanitize import TOOLS, parse_location, parse_sanitizer
+from flashcore_cli.inspect.sanitize import TOOLS, parse_location, parse_sanitizer
 
 INSTRUMENTS = FIXTURES / "instruments"
 runner = CliRunner()
@@ -112,8 +112,8 @@ def test_the_command_end_to_end_with_a_replayed_sanitizer_log(monkeypatch, tmp_p
     """No GPU: the workers are replaced by a fake that writes memcheck_fault.txt where compute-sanitizer would."""
     from pathlib import Path
 
-    from flashcore_cli import commands, isolate
-    from flashcore_cli.isolate import WorkerOutcome
+    from flashcore_cli.core import isolate
+    from flashcore_cli.core.isolate import WorkerOutcome
 
     calls = []
 
@@ -126,7 +126,7 @@ def test_the_command_end_to_end_with_a_replayed_sanitizer_log(monkeypatch, tmp_p
         return WorkerOutcome("crash", [{"event": "built"}, crash], returncode=3)
 
     monkeypatch.setattr(isolate, "run_worker", fake_run_worker)
-    monkeypatch.setattr(commands, "require_gpu", lambda command: None)
+    monkeypatch.setattr("flashcore_cli.core.console.require_gpu", lambda command: None)
     monkeypatch.setattr(cudatools, "locate", lambda tool: Path("/opt/cuda/bin") / tool)
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path))
     result = runner.invoke(app, ["--registry", str(FIXTURES / "faults.yaml"), "sanitize", "fault", "--shape", "1,2,64,64", "--show", "2"])

@@ -6,9 +6,9 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import FIXTURES, said
-from flashcore_cli import cudatools
+from flashcore_cli.build import cudatools
 from flashcore_cli.cli import app
-from flashcore_cli.sass import parse_sass
+from flashcore_cli.inspect.sass import parse_sass
 
 INSTRUMENTS = FIXTURES / "instruments"
 

@@ -1,7 +1,7 @@
 import pytest
 
-from flashcore_cli.errors import FlashcoreError
-from flashcore_cli.shapes import Shape, attention_flops, default_cases, parse_shape, parse_shapes
+from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.registry.shapes import Shape, attention_flops, default_cases, parse_shape, parse_shapes
 
 
 def test_parse_shape():

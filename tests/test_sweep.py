@@ -6,12 +6,12 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from flashcore_cli.bench import BenchRow
+from flashcore_cli.measure.bench import BenchRow
 from flashcore_cli.cli import app
-from flashcore_cli.errors import FlashcoreError
-from flashcore_cli.gpus import map_on_gpus, visible_gpus
-from flashcore_cli.shapes import Case, parse_shape
-from flashcore_cli.sweep import PointJob, parse_seq_lens, point_rows, render_sweep
+from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.measure.gpus import map_on_gpus, visible_gpus
+from flashcore_cli.registry.shapes import Case, parse_shape
+from flashcore_cli.measure.sweep import PointJob, parse_seq_lens, point_rows, render_sweep
 
 runner = CliRunner()
 
@@ -53,7 +53,7 @@ def test_render_shows_time_tflops_and_failures(capsys):
 
 def test_chart_is_a_png(tmp_path):
     pytest.importorskip("matplotlib")
-    from flashcore_cli.plot import plot_sweep
+    from flashcore_cli.measure.plot import plot_sweep
 
     path = plot_sweep(sample_record(), tmp_path / "sweep.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -118,8 +118,9 @@ def in_process(fn, jobs, gpus, on_done=None):
 
 def test_the_command_end_to_end_with_fake_timings(monkeypatch, tmp_path):
     """No GPU: bench's variant and reference timings are faked; the jobs, the record, the table and the chart are real."""
-    from flashcore_cli import bench, commands, gpus
 
+    from flashcore_cli.measure import bench
+    from flashcore_cli.measure import gpus
     asked_modes = set()
 
     def fake_references(case, *, reps, warmup, timeout, modes=("cold",), on_event=None):
@@ -141,7 +142,7 @@ def test_the_command_end_to_end_with_fake_timings(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "bench_variant", fake_variant)
     monkeypatch.setattr(gpus, "map_on_gpus", in_process)
     monkeypatch.setattr(gpus, "visible_gpus", lambda: ["0", "1"])
-    monkeypatch.setattr(commands, "require_gpu", lambda command: None)
+    monkeypatch.setattr("flashcore_cli.core.console.require_gpu", lambda command: None)
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path))
     plot = ["--plot", str(tmp_path / "s.png")] if __import__("importlib").util.find_spec("matplotlib") else []
     result = runner.invoke(app, ["sweep", "baseline", "--seq", "1024,512", "--causal", "--mode", "graph", *plot])

@@ -7,12 +7,12 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from flashcore_cli.bench import BenchRow, BenchRun, bench_references, bench_variant
+from flashcore_cli.measure.bench import BenchRow, BenchRun, bench_references, bench_variant
 from flashcore_cli.cli import app
-from flashcore_cli.errors import FlashcoreError
-from flashcore_cli.isolate import WorkerOutcome
-from flashcore_cli.shapes import Case, parse_shape
-from flashcore_cli.timing import (
+from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.isolate import WorkerOutcome
+from flashcore_cli.registry.shapes import Case, parse_shape
+from flashcore_cli.measure.timing import (
     MAX_CALLS_PER_SAMPLE, MAX_TIMEOUTS, Timing, TimingError, calls_per_sample, collect, parse_modes, per_call, time_host,
 )  # fmt: skip
 
@@ -133,8 +133,8 @@ def test_a_record_of_several_modes_holds_each_with_its_own_sdpa():
 
 def test_worker_events_become_one_row_per_mode(monkeypatch):
     """A variant timed in cold and host mode and untimeable in graph mode: three rows from one worker."""
-    from flashcore_cli import bench
-    from flashcore_cli.registry import load_registry
+    from flashcore_cli.measure import bench
+    from flashcore_cli.registry.variants import load_registry
 
     def timing(mode, median):
         return {"event": "timing", "name": "baseline", "mode": mode, "median_us": median, "p10_us": median, "p90_us": median,
@@ -155,8 +155,7 @@ def test_worker_events_become_one_row_per_mode(monkeypatch):
 
 
 def test_reference_rows_are_split_by_mode(monkeypatch):
-    from flashcore_cli import bench
-
+    from flashcore_cli.measure import bench
     events = [{"event": "environment", "gpu": "NVIDIA H200"},
               {"event": "timing", "name": "sdpa", "mode": "cold", "median_us": 12.0, "p10_us": 11.0, "p90_us": 13.0, "samples_us": [12.0]},
               {"event": "timing", "name": "sdpa", "mode": "graph", "median_us": 9.0, "p10_us": 8.9, "p90_us": 9.1, "samples_us": [9.0]},
@@ -174,8 +173,8 @@ def test_reference_rows_are_split_by_mode(monkeypatch):
 
 def test_bench_writes_one_record_with_every_mode(monkeypatch, tmp_path):
     """No GPU: the workers are faked; the command, the per-mode tables and the record are real."""
-    from flashcore_cli import bench, commands
 
+    from flashcore_cli.measure import bench
     medians = {"cold": (12.0, 20.0), "graph": (9.0, 15.0), "host": (16.2, 25.0)}
     asked = []
 
@@ -189,7 +188,7 @@ def test_bench_writes_one_record_with_every_mode(monkeypatch, tmp_path):
 
     monkeypatch.setattr(bench, "bench_references", fake_references)
     monkeypatch.setattr(bench, "bench_variant", fake_variant)
-    monkeypatch.setattr(commands, "require_gpu", lambda command: None)
+    monkeypatch.setattr("flashcore_cli.commands.require_gpu", lambda command: None)
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path / "results"))
     out = tmp_path / "all.json"
     result = runner.invoke(app, ["bench", "baseline", "--mode", "cold,graph,host", "--json", str(out), "--arch", "sm_90"], env=WIDE)
@@ -228,7 +227,7 @@ def test_a_blocking_start_never_charges_host_time(tiny):
 
     import torch
 
-    from flashcore_cli.timing import time_callable
+    from flashcore_cli.measure.timing import time_callable
 
     def slow_host():
         time.sleep(200e-6)
@@ -257,8 +256,8 @@ def test_a_blocking_start_never_charges_host_time(tiny):
 def test_a_call_that_waits_for_the_gpu_is_reported_not_timed(tiny):
     import torch
 
-    from flashcore_cli.blocking_start import BlockingStart
-    from flashcore_cli.timing import time_callable
+    from flashcore_cli.measure.blocking_start import BlockingStart
+    from flashcore_cli.measure.timing import time_callable
 
     gate = BlockingStart(timeout_ms=5)
 
@@ -274,7 +273,7 @@ def test_a_call_that_waits_for_the_gpu_is_reported_not_timed(tiny):
 
 @pytest.mark.gpu
 def test_graph_mode_times_per_call_and_reports_what_cannot_be_captured(tiny):
-    from flashcore_cli.timing import time_callable
+    from flashcore_cli.measure.timing import time_callable
 
     with pytest.raises(TimingError, match="cannot be captured in a CUDA graph"):
         time_callable(lambda: tiny.add_(1).sum().item(), mode="graph", reps=100, warmup=2)

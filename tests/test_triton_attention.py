@@ -1,4 +1,4 @@
-"""Tests for flashcore_cli/triton_attention.py (the Triton FlashAttention reference row).
+"""Tests for flashcore_cli/measure/triton_attention.py (the Triton FlashAttention reference row).
 
 CPU (run in CI):
   * the module imports with neither triton nor torch importable, imports neither itself, and says why
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULE_PATH = ROOT / "flashcore_cli" / "triton_attention.py"
+MODULE_PATH = ROOT / "flashcore_cli" / "measure" / "triton_attention.py"
 ATOL = 1e-3
 
 # Shared by the interpreter subprocess (exec'd there) and the GPU tests (exec'd here): one definition

@@ -8,11 +8,11 @@ from typer.testing import CliRunner
 
 from conftest import FIXTURES
 from flashcore_cli.cli import app
-from flashcore_cli.constraints import compile_constraint
-from flashcore_cli.errors import FlashcoreError
-from flashcore_cli.ptxas import KernelResources, VariantReport
-from flashcore_cli.registry import TuneSpace
-from flashcore_cli.tune import Candidate, grid, judge, parse_params
+from flashcore_cli.registry.constraints import compile_constraint
+from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.build.ptxas import KernelResources, VariantReport
+from flashcore_cli.registry.variants import TuneSpace
+from flashcore_cli.measure.tune import Candidate, grid, judge, parse_params
 
 TUNE_REGISTRY = str(FIXTURES / "instruments" / "tune.yaml")
 SPACE = TuneSpace(params={"BLOCK_M": [32, 48, 64], "STAGES": [2, 3]}, constraints=["BLOCK_M % 32 == 0 or STAGES == 2"])
@@ -132,7 +132,7 @@ def test_tune_without_a_tune_block_is_exit_2():
 def test_tune_stores_the_winner_for_this_gpu(tmp_path, monkeypatch, fresh_cache):
     import torch
 
-    from flashcore_cli.tuned import tuned_defines, tuned_path
+    from flashcore_cli.build.tuned import tuned_defines, tuned_path
 
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path / "results"))
     args = ["--registry", TUNE_REGISTRY, "tune", "tunable", "--param", "FC_TUNE_UNUSED=1,2,3", "--shape", "1,2,128,64"]
@@ -159,9 +159,11 @@ def in_process(fn, jobs, gpus, on_done=None):
 def test_the_command_end_to_end_with_fake_trials(monkeypatch, tmp_path, fresh_cache):
     """No GPU: the probe and the trial workers are faked (FC_TUNE_UNUSED=2 is made fastest); the grid, the
     trial specs, the ranking and the stored winner are real."""
-    from flashcore_cli import commands, gpus, isolate, ptxas
-    from flashcore_cli.isolate import WorkerOutcome
-    from flashcore_cli.tuned import tuned_defines
+    from flashcore_cli.measure import gpus
+    from flashcore_cli.core import isolate
+    from flashcore_cli.build import ptxas
+    from flashcore_cli.core.isolate import WorkerOutcome
+    from flashcore_cli.build.tuned import tuned_defines
 
     specs = []
 
@@ -179,7 +181,7 @@ def test_the_command_end_to_end_with_fake_trials(monkeypatch, tmp_path, fresh_ca
     monkeypatch.setattr(isolate, "run_worker", fake_run_worker)
     monkeypatch.setattr(gpus, "map_on_gpus", in_process)
     monkeypatch.setattr(gpus, "visible_gpus", lambda: ["0"])
-    monkeypatch.setattr(commands, "require_gpu", lambda command: None)
+    monkeypatch.setattr("flashcore_cli.core.console.require_gpu", lambda command: None)
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path))
     result = runner.invoke(app, ["--registry", TUNE_REGISTRY, "tune", "tunable", "--shape", "1,2,128,64", "--mode", "host"])
     assert result.exit_code == 0, result.output

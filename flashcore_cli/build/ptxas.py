@@ -1,0 +1,259 @@
+"""Resources per kernel from `ptxas -v`, with no GPU: registers, shared memory, spills, stack, occupancy.
+
+Each variant is compiled with plain nvcc into a small host program (the variant's .cu plus a probe main).
+ptxas reports every __global__ kernel; running the program — host code only, no CUDA call — prints what
+the launcher asks for at each head dim (threads, dynamic shared memory) through flashcore_plan. The two
+joined give the CTAs per SM each kernel allows on the arch.
+
+A variant that lists its archs (archs: [sm_90a]) is compiled for the target it lists for an asked arch
+(sm_90 -> sm_90a), and reported as not built for an arch it does not run on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from flashcore_cli.registry.archs import ArchLimits, limits
+from flashcore_cli.build.cache import cache_key
+from flashcore_cli.core.records import cache_root
+from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.registry.variants import Variant
+from flashcore_cli.build.toolchain import BASE_NVCC_FLAGS, define_flags, demangle, find_nvcc, gencode
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
+_PROPS = re.compile(r"Function properties for (\S+?):?\s*$")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+_BARRIERS = re.compile(r"used (\d+) barriers")
+
+PROBE_MAIN = r"""
+#include "flashcore.h"
+#include <cstdio>
+#include <cstdlib>
+int main(int argc, char** argv) {
+  FlashcoreKernelPlan plans[16];
+  for (int i = 1; i < argc; ++i) {
+    const int d = std::atoi(argv[i]);
+    const int n = flashcore_plan(d, plans, 16);
+    for (int j = 0; j < n; ++j)
+      std::printf("%d\t%s\t%d\t%d\n", d, plans[j].kernel, plans[j].threads_per_block, plans[j].dynamic_smem_bytes);
+  }
+  return 0;
+}
+"""
+
+
+@dataclass
+class KernelResources:
+    mangled: str
+    kernel: str  # demangled
+    arch: str
+    registers: int = 0
+    static_smem: int = 0
+    stack_frame: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    barriers: int = 0
+    # joined from flashcore_plan (None: the launcher does not use this kernel at any declared head dim)
+    head_dim: int | None = None
+    threads: int | None = None
+    dynamic_smem: int | None = None
+    ctas_per_sm: int | None = None
+    limiter: str = ""
+
+    @property
+    def spills(self) -> int:
+        return self.spill_stores + self.spill_loads
+
+    @property
+    def smem_per_cta(self) -> int:
+        return self.static_smem + (self.dynamic_smem or 0)
+
+    def summary(self) -> str:
+        dyn = f" + {self.dynamic_smem / 1024:.1f} KB dynamic" if self.dynamic_smem else ""
+        occ = f", {self.ctas_per_sm} CTA/SM" if self.ctas_per_sm is not None else ""
+        return (
+            f"{self.kernel} [{self.arch}]: {self.registers} regs, {self.static_smem / 1024:.1f} KB static smem{dyn}, "
+            f"{self.spill_stores}+{self.spill_loads} B spills, {self.stack_frame} B stack{occ}"
+        )
+
+
+@dataclass
+class VariantReport:
+    variant: str
+    arch: str
+    kernels: list[KernelResources] = field(default_factory=list)
+    compile_seconds: float = 0.0
+    error: str = ""
+    not_built: str = ""  # why the variant is not built for this arch (its registry archs exclude it)
+
+    def as_dict(self) -> dict:
+        return {
+            "variant": self.variant,
+            "arch": self.arch,
+            "compile_seconds": round(self.compile_seconds, 2),
+            "error": self.error,
+            "not_built": self.not_built,
+            "kernels": [asdict(k) | {"spills": k.spills} for k in self.kernels],
+        }
+
+
+def parse_ptxas(text: str) -> list[KernelResources]:
+    """Kernels (entry functions) in ptxas -v output; device functions' property lines are skipped."""
+    kernels: dict[str, KernelResources] = {}
+    current: KernelResources | None = None
+    props_for: str | None = None
+    for line in text.splitlines():
+        if m := _ENTRY.search(line):
+            current = KernelResources(mangled=m.group(1), kernel=m.group(1), arch=m.group(2))
+            kernels[f"{current.mangled}@{current.arch}"] = current
+            props_for = None
+        elif m := _PROPS.search(line):
+            props_for = m.group(1)
+        elif m := _FRAME.search(line):
+            if current is not None and props_for == current.mangled:
+                current.stack_frame, current.spill_stores, current.spill_loads = (int(g) for g in m.groups())
+        elif (m := _USED.search(line)) and current is not None:
+            current.registers = int(m.group(1))
+            if s := _SMEM.search(line):
+                current.static_smem = int(s.group(1))
+            if b := _BARRIERS.search(line):
+                current.barriers = int(b.group(1))
+            current = None
+    found = list(kernels.values())
+    names = demangle([k.mangled for k in found])
+    for k in found:
+        k.kernel = names.get(k.mangled, k.mangled)
+    return found
+
+
+def occupancy(k: KernelResources, limits: ArchLimits) -> tuple[int, str]:
+    """CTAs per SM the kernel's registers, shared memory and threads allow, and which limit binds."""
+    if not k.threads:
+        return 0, "unknown threads"
+    warps = -(-k.threads // 32)
+    regs_per_warp = -(-max(k.registers, 1) * 32 // limits.reg_alloc_unit) * limits.reg_alloc_unit
+    smem = k.smem_per_cta
+    if smem > limits.smem_per_block_optin:
+        return 0, f"needs {smem} B smem > {limits.smem_per_block_optin} B per block"
+    bounds = {
+        "threads": limits.max_threads_per_sm // k.threads,
+        "registers": (limits.regs_per_sm // regs_per_warp) // warps,
+        "smem": limits.smem_per_sm // (smem + limits.reserved_smem_per_cta),
+        "CTA slots": limits.max_ctas_per_sm,
+    }
+    limiter = min(bounds, key=bounds.get)
+    return bounds[limiter], limiter
+
+
+def _join_plans(kernels: list[KernelResources], plans: list[tuple[int, str, int, int]], arch: str) -> None:
+    for k in kernels:
+        for head_dim, name, threads, dyn in plans:
+            if name in k.kernel:
+                k.head_dim, k.threads, k.dynamic_smem = head_dim, threads, dyn
+                k.ctas_per_sm, k.limiter = occupancy(k, limits(arch))
+                break
+
+
+def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | None = None) -> VariantReport:
+    """ptxas -v and flashcore_plan for one variant on one arch, or the arch-specific target it lists for that
+    arch (cached by content key)."""
+    import time
+
+    arch = variant.build_target(arch)
+    key = cache_key(variant, arch, for_build=False, extra_defines=extra_defines)
+    cached = cache_root() / "ptxas" / f"{variant.name}-{arch}-{key}.json"
+    if cached.is_file():
+        data = json.loads(cached.read_text())
+        report = VariantReport(variant.name, arch, compile_seconds=data["compile_seconds"])
+        report.kernels = [KernelResources(**{k: v for k, v in kd.items() if k != "spills"}) for kd in data["kernels"]]
+        return report
+
+    nvcc = find_nvcc()
+    defines = {**variant.defines, **(extra_defines or {})}
+    report = VariantReport(variant.name, arch)
+    with tempfile.TemporaryDirectory(prefix="flashcore-ptxas-") as tmp:
+        main = Path(tmp) / "probe_main.cu"
+        main.write_text(PROBE_MAIN)
+        exe = Path(tmp) / "probe"
+        cmd = [
+            nvcc, *BASE_NVCC_FLAGS, gencode(arch), "-Xptxas=-v", *variant.flags, *define_flags(defines),
+            f"-I{variant.kernels_dir}", "-o", str(exe), *map(str, variant.sources), str(main),
+        ]  # fmt: skip
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        report.compile_seconds = time.perf_counter() - start
+        if proc.returncode != 0:
+            report.error = first_errors(proc.stdout + proc.stderr)
+            return report
+        report.kernels = parse_ptxas(proc.stdout + proc.stderr)
+        run = subprocess.run([str(exe), *map(str, variant.head_dims)], capture_output=True, text=True, timeout=60)
+        if run.returncode != 0:
+            report.error = f"the probe (flashcore_plan) failed: {run.stderr.strip() or run.returncode}"
+            return report
+    plans = []
+    for line in run.stdout.splitlines():
+        d, name, threads, dyn = line.split("\t")
+        plans.append((int(d), name, int(threads), int(dyn)))
+    _join_plans(report.kernels, plans, arch)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp_file = cached.with_suffix(f".{id(report)}.tmp")
+    tmp_file.write_text(json.dumps(report.as_dict()))
+    tmp_file.replace(cached)
+    return report
+
+
+def first_errors(output: str, limit: int = 12) -> str:
+    """The compiler's first error lines (with a little context), not the whole log."""
+    lines = output.splitlines()
+    picked: list[str] = []
+    for i, line in enumerate(lines):
+        if re.search(r"\berror\b", line, re.IGNORECASE):
+            for extra in lines[i : i + 3]:
+                if extra not in picked:
+                    picked.append(extra)
+        if len(picked) >= limit:
+            break
+    return "\n".join(picked[:limit]) or "\n".join(lines[-limit:])
+
+
+def report_all(variants: list[Variant], archs: list[str], on_done=None) -> list[VariantReport]:
+    """Compile every (variant, arch) in parallel; results in registry order."""
+    import os
+
+    rows: list[tuple[Variant, str, bool]] = []  # (variant, what to compile for, whether it is built there)
+    for v in variants:
+        for a in archs:
+            target = v.target_arch(a)
+            if not any(r[0].name == v.name and r[1] == (target or a) for r in rows):  # sm_90,sm_90a: one sm_90a
+                rows.append((v, target or a, target is not None))
+    jobs = [(v, target) for v, target, built in rows if built]
+    results: dict[tuple[str, str], VariantReport] = {}
+    for v, arch, built in rows:
+        if not built:
+            results[(v.name, arch)] = VariantReport(v.name, arch, not_built=f"{v.name} runs on {v.runs_on()} only")
+            if on_done:
+                on_done(results[(v.name, arch)])
+    if not jobs:
+        return [results[(v.name, a)] for v, a, _ in rows]
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(compile_probe, v, a): (v.name, a) for v, a in jobs}
+        for fut in as_completed(futures):
+            name, arch = futures[fut]
+            try:
+                results[(name, arch)] = fut.result()
+            except FlashcoreError:
+                raise
+            except Exception as exc:  # a tool that could not run at all: report it on the row
+                results[(name, arch)] = VariantReport(name, arch, error=f"{type(exc).__name__}: {exc}")
+            if on_done:
+                on_done(results[(name, arch)])
+    return [results[(v.name, a)] for v, a, _ in rows]

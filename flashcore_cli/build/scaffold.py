@@ -1,0 +1,202 @@
+"""`flashcore new NAME --from v8`: a new rung that builds and passes `flashcore test` at once.
+
+The source variant's kernel file is copied to kernels/NAME.cu under a fresh header (the rung's story, to be
+written: idea, change from the previous rung, ptxas, measured), with its __global__ kernels renamed
+(v8_fwd -> NAME_fwd, everywhere in the file, so flashcore_plan's kernel name strings follow), so that the
+copy's kernels are told apart from the original's in ptxas, sass and ncu output. A registry entry is
+appended to variants.yaml as text, so the file's comments and layout stay as they are.
+
+Both files go next to the registry the command resolved (--registry, $FLASHCORE_REGISTRY, a variants.yaml
+in the current folder or a parent, the installed one): run in a copy of the project, `new` writes into the
+copy. The "next:" hint it prints names --registry when the registry would not be found from here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+from flashcore_cli.core.errors import FlashcoreError
+
+_IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_SKIPPED_BEFORE_NAME = {"void", "static", "inline", "__forceinline__", "__noinline__", "extern"}
+
+HEADER = """\
+// {name}.cu — (one line: what this rung is).
+//
+// Idea: (two or three sentences: what this rung does, and why it should beat {src}).
+//
+// Change from the previous rung ({src}): (what changed, with the number that motivated it).
+//
+// Run:  flashcore test {name} && flashcore bench {name} --shape 1,8,512,64
+//
+// ptxas: (from `flashcore ptxas {name} --arch sm_89,sm_90`)
+// Measured: (from `flashcore bench {name}`, losses included)
+//
+// Scaffolded by `flashcore new {name} --from {src}`: until the lines above are written, this is {src}
+// with its kernels renamed ({renames}).
+"""
+
+
+_COMMENT_OR_STRING = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.DOTALL)
+
+
+def code_only(source: str) -> str:
+    """The source with comments and string literals blanked (same length), so prose is never read as code."""
+    return _COMMENT_OR_STRING.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), source)
+
+
+def global_kernel_names(source: str) -> list[str]:
+    """Names of the __global__ functions defined or declared in a CUDA source, in order of appearance."""
+    source = code_only(source)
+    names: list[str] = []
+    for m in re.finditer(r"\b__global__\b", source):
+        pos = m.end()
+        while True:
+            ws = re.match(r"\s+", source[pos:])
+            pos += ws.end() if ws else 0
+            if source.startswith("__launch_bounds__", pos):
+                pos = _skip_parens(source, source.index("(", pos))
+                continue
+            word = re.match(r"[A-Za-z_]\w*", source[pos:])
+            if not word:
+                break
+            pos += word.end()
+            if word.group() in _SKIPPED_BEFORE_NAME:
+                continue
+            if re.match(r"\s*\(", source[pos:]) and word.group() not in names:
+                names.append(word.group())
+            break
+    return names
+
+
+def _skip_parens(text: str, open_at: int) -> int:
+    depth = 0
+    for i in range(open_at, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return i + 1
+    raise FlashcoreError("unbalanced parentheses after __launch_bounds__")
+
+
+def renamed(kernel: str, old: str, new: str) -> str:
+    """v8_fwd -> mine_fwd when the kernel carries the old variant's name first; else mine_<kernel>."""
+    if kernel == old or kernel.startswith(old + "_"):
+        return new + kernel[len(old) :]
+    return f"{new}_{kernel}"
+
+
+def strip_header(source: str) -> str:
+    """The source without its leading comment block (the old rung's story)."""
+    lines = source.splitlines(keepends=True)
+    i = 0
+    while i < len(lines) and (lines[i].lstrip().startswith("//") or not lines[i].strip()):
+        i += 1
+    return "".join(lines[i:])
+
+
+def scaffold_source(source: str, new: str, old: str) -> tuple[str, dict[str, str]]:
+    kernels = global_kernel_names(source)
+    if not kernels:
+        raise FlashcoreError(f"the source of {old} defines no __global__ kernel to rename")
+    renames = {k: renamed(k, _identifier(old), new) for k in kernels}
+    body = strip_header(source)
+    for k, n in renames.items():
+        body = re.sub(rf"\b{re.escape(k)}\b", n, body)
+    header = HEADER.format(name=new, src=old, renames=", ".join(f"{k} -> {n}" for k, n in renames.items()))
+    return header + body, renames
+
+
+def registry_entry(text: str, name: str, source_rel: str, variant) -> str:
+    """The YAML of the new entry, indented like the file's first entry."""
+    import json
+
+    m = re.search(r"^([ \t]*)-[ \t]+name:", text, re.MULTILINE)
+    dash = m.group(1) if m else "  "
+    key = dash + "  "
+    lines = [
+        f"{dash}- name: {name}",
+        f"{key}sources: [{source_rel}]",
+        f'{key}summary: "Copy of {variant.name}, scaffolded by flashcore new: replace with the idea in one line"',
+        f"{key}head_dims: [{', '.join(map(str, variant.head_dims))}]",
+        f"{key}causal: {'true' if variant.causal else 'false'}",
+    ]
+    if variant.flags:
+        lines.append(f"{key}flags: {json.dumps(list(variant.flags))}")
+    if variant.defines:
+        lines.append(f"{key}defines: {json.dumps(variant.defines)}")
+    if variant.tune.params:
+        lines += [f"{key}tune:", f"{key}  params: {json.dumps(variant.tune.params)}"]
+        if variant.tune.constraints:
+            lines += [f"{key}  constraints:", *(f"{key}    - {json.dumps(c)}" for c in variant.tune.constraints)]
+    lines.append(f'{key}notes: "Scaffolded from {variant.name} by `flashcore new {name} --from {variant.name}`."')
+    return "\n".join(lines) + "\n"
+
+
+def _identifier(name: str) -> str:
+    return re.sub(r"\W", "_", name)
+
+
+def plan_source(variant) -> Path:
+    """The .cu of the variant that implements the kernel contract (defines flashcore_plan)."""
+    for s in variant.sources:
+        if s.suffix == ".cu" and "flashcore_plan" in s.read_text(errors="replace"):
+            return s
+    raise FlashcoreError(f"{variant.name}: none of its .cu sources defines flashcore_plan; nothing to copy")
+
+
+def scaffold(registry_path, name: str, source_name: str) -> tuple[Path, Path, dict[str, str]]:
+    from flashcore_cli.registry.variants import load_registry
+
+    reg = load_registry(registry_path)
+    if not _IDENTIFIER.match(name):
+        raise FlashcoreError(f"'{name}' cannot name a variant's kernels: use letters, digits and '_', starting with a letter")
+    taken = {label for v in reg.variants for label in (v.name, *v.aliases)}
+    if name in taken:
+        raise FlashcoreError(f"a variant named '{name}' is already registered in {reg.path}")
+    src = reg.get(source_name)
+    target = reg.root / "kernels" / f"{name}.cu"
+    if target.exists():
+        raise FlashcoreError(f"{target} already exists; pick another name or remove it")
+    text, renames = scaffold_source(plan_source(src).read_text(), name, src.name)
+
+    registry_text = reg.path.read_text()
+    source_rel = Path(os.path.relpath(target, reg.path.parent)).as_posix()
+    entry = registry_entry(registry_text, name, source_rel, src)
+    target.write_text(text)
+    reg.path.write_text(registry_text.rstrip("\n") + "\n\n" + entry)
+    try:
+        load_registry(reg.path).get(name)
+    except FlashcoreError as exc:  # leave the project as it was
+        reg.path.write_text(registry_text)
+        target.unlink()
+        raise FlashcoreError(f"the new entry did not validate, nothing was changed: {exc}") from None
+    return target, reg.path, renames
+
+
+def registry_flag(registry: Path, cwd: Path | None = None) -> str:
+    """'' when a command run from `cwd` finds `registry` by itself; else the --registry option that names it
+    (relative to cwd when inside it), so a printed command works as printed."""
+    from flashcore_cli.registry.variants import resolve_registry
+
+    cwd = (cwd or Path.cwd()).resolve()
+    registry = registry.resolve()
+    if resolve_registry(None, cwd=cwd).path.resolve() == registry:
+        return ""
+    shown = os.path.relpath(registry, cwd) if registry.is_relative_to(cwd) else str(registry)
+    return f"--registry {shlex.quote(shown)} "
+
+
+def run_new(registry_path, name: str, source_name: str) -> int:
+    from rich.markup import escape
+
+    from flashcore_cli.core.console import console
+
+    target, registry, renames = scaffold(registry_path, name, source_name)
+    console.print(f"wrote {escape(str(target))} (a copy of {source_name}: {', '.join(f'{k} -> {v}' for k, v in renames.items())})", highlight=False, soft_wrap=True)
+    console.print(f"wrote {escape(str(registry))} (appended the entry '{name}')", highlight=False, soft_wrap=True)
+    flashcore = f"flashcore {registry_flag(registry)}"
+    console.print(f"next: write its header, then `{escape(flashcore)}ptxas {name}` and `{escape(flashcore)}test {name}`", highlight=False, soft_wrap=True)
+    return 0

@@ -1,0 +1,60 @@
+"""The one exception type for user-facing errors (rendered without a traceback), and the exit codes.
+
+Exit codes of every command (README, "Exit codes"):
+    0    success
+    1    a check failed: a MISMATCH/CRASH/TIMEOUT/BUILD-FAIL, a spill under --fail-on-spill, a regression
+    2    bad input or an unusable environment: a FlashcoreError (a typo, a broken registry or record, ...)
+    3    an internal error: a bug in flashcore; one line, and the traceback in a log file
+    130  interrupted (Ctrl-C)
+"""
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL_ERROR = 3
+EXIT_INTERRUPTED = 130
+
+
+class FlashcoreError(Exception):
+    """Something the user can fix (bad input, a missing tool, a broken registry). Exit code 2 by default."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_BAD_INPUT):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class FlashcoreInputError(FlashcoreError, ValueError):
+    """Bad tensors handed to a variant: wrong device, dtype, shape, layout, or a head dim it does not support."""
+
+
+class FlashcoreEnvironmentError(FlashcoreError, RuntimeError):
+    """This machine cannot do what was asked (a CPU build of torch, a GPU the variant does not run on)."""
+
+
+def write_crash_log(exc: BaseException) -> str:
+    """The full traceback of an unexpected exception, written to <cache>/logs/crash-<time>-<pid>.log (or the
+    temp folder when the cache is not writable); returns where, so the one line the user reads can say."""
+    import os
+    import sys
+    import tempfile
+    import time
+    import traceback
+
+    text = f"command: {' '.join(sys.argv)}\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    name = f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    try:
+        from flashcore_cli.core.records import cache_root
+
+        folders = [cache_root() / "logs"]
+    except Exception:  # the cache's own import failing is no reason to lose the traceback
+        folders = []
+    for folder in [*folders, tempfile.gettempdir()]:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, name)
+            with open(path, "w") as f:
+                f.write(text)
+            return path
+        except OSError:
+            continue
+    return "(no writable folder for the log)"

@@ -1,0 +1,192 @@
+"""`flashcore bench`: time variants beside PyTorch's own attention, in one run.
+
+The references (SDPA default and each backend, the Triton forward) run in one worker; each variant in a
+worker of its own that builds it, checks it at the bench shape and times it only if the check passed.
+Each worker times in every mode the run asks for (timing.py: cold, graph, host), so a run has one set of
+rows per mode; a row's speedup is SDPA default's median over the row's median, both measured in this run
+and in the same mode.
+
+The record keeps a one-mode run in the format compare and older tools read, plus its "mode":
+    {"kind": "flashcore-bench", "mode": "cold", "shape", "causal", ..., "rows": [...]}
+A run of several modes (--mode cold,graph,host) adds "runs", one {"mode", "rows"} section per mode in the
+order asked; the top-level "mode" and "rows" are the first section's, so a reader of one-mode records sees
+the first mode. Read every mode with `record.get("runs") or [record]`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from flashcore_cli.check.correctness import CaseOutcome
+from flashcore_cli.core.isolate import run_worker
+from flashcore_cli.core.records import clocks
+from flashcore_cli.measure.references import SDPA_DEFAULT
+from flashcore_cli.registry.variants import Registry, Variant
+from flashcore_cli.registry.shapes import Case, Shape, attention_flops
+
+MIN_REPS = 100
+TIMING_KEYS = ("median_us", "p10_us", "p90_us", "calls_per_sample", "timed_out_samples", "samples_us")
+
+
+@dataclass
+class BenchRow:
+    name: str
+    kind: str  # "variant" or "reference"
+    status: str  # OK, MISMATCH, TIMEOUT, CRASH, BUILD-FAIL, SKIP
+    timing: dict = field(default_factory=dict)
+    key: str = ""
+    detail: str = ""
+
+    @property
+    def median(self) -> float | None:
+        return self.timing.get("median_us")
+
+    def as_dict(self, flops: float, sdpa_median: float | None) -> dict:
+        d = {"name": self.name, "kind": self.kind, "status": self.status, "key": self.key, "detail": self.detail}
+        if self.median:
+            d["tflops"] = flops / (self.median * 1e-6) / 1e12
+            d["speedup_vs_sdpa"] = sdpa_median / self.median if sdpa_median else None
+        d.update(self.timing)
+        return d
+
+
+def sdpa_median(rows: list[BenchRow]) -> float | None:
+    return next((r.median for r in rows if r.name == SDPA_DEFAULT and r.median), None)
+
+
+@dataclass
+class BenchRun:
+    shape: Shape
+    causal: bool
+    seed: int
+    modes: list[str] = field(default_factory=lambda: ["cold"])
+    dtype: str = "fp16"  # of q, k, v for every row, references included
+    rows: dict[str, list[BenchRow]] = field(default_factory=dict)  # mode -> its rows, in run order
+    environment: dict = field(default_factory=dict)
+    clocks_after: dict = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+
+    @property
+    def flops(self) -> float:
+        return attention_flops(self.shape, self.causal)
+
+    def add(self, rows_by_mode: dict[str, list[BenchRow]]) -> None:
+        for mode in self.modes:
+            self.rows.setdefault(mode, []).extend(rows_by_mode.get(mode, []))
+
+    def section(self, mode: str) -> dict:
+        rows = self.rows.get(mode, [])
+        sdpa = sdpa_median(rows)
+        return {"mode": mode, "rows": [r.as_dict(self.flops, sdpa) for r in rows]}
+
+    def record(self) -> dict:
+        sections = [self.section(m) for m in self.modes]
+        record = {
+            "kind": "flashcore-bench",
+            "mode": sections[0]["mode"],
+            "started": self.started,
+            "shape": str(self.shape),
+            "causal": self.causal,
+            "dtype": self.dtype,
+            "seed": self.seed,
+            "flops": self.flops,
+            "environment": self.environment,
+            "clocks_after": self.clocks_after,
+            "rows": sections[0]["rows"],
+        }
+        if len(sections) > 1:
+            record["runs"] = sections
+        return record
+
+
+def bench_references(case: Case, *, reps: int, warmup: int, timeout: float, modes=("cold",),
+                     on_event=None) -> tuple[dict[str, list[BenchRow]], dict]:  # fmt: skip
+    """The reference rows of every mode ({mode: rows}) and the run's environment, from one worker."""
+    spec = {"task": "references", "case": case.as_dict(), "reps": reps, "warmup": warmup, "modes": list(modes)}
+    worker = run_worker(spec, run_timeout=timeout, on_event=on_event)
+    env = (worker.find("environment") or [{}])[0]
+    env = {k: v for k, v in env.items() if k != "event"}
+    crash = worker.find("crash")
+    rows: dict[str, list[BenchRow]] = {}
+    for mode in modes:
+        rows[mode] = [BenchRow(e["name"], "reference", "OK", _timing(e)) for e in worker.find("timing") if _in_mode(e, mode)]
+        rows[mode] += [BenchRow(e["name"], "reference", "SKIP", detail=e["reason"])
+                       for e in worker.find("reference-skipped") if _in_mode(e, mode)]  # fmt: skip
+        if worker.status != "done" or crash:
+            rows[mode].append(
+                BenchRow("references", "reference", "CRASH" if worker.status != "timeout" else "TIMEOUT",
+                         detail=crash[0]["error"] if crash else worker.log_tail)
+            )  # fmt: skip
+    return rows, env
+
+
+def _in_mode(event: dict, mode: str) -> bool:
+    """An event without a mode (a row skipped before any timing) belongs to every mode."""
+    return event.get("mode", mode) == mode
+
+
+def bench_variant(
+    registry: Registry,
+    variant: Variant,
+    case: Case,
+    *,
+    arch: str,
+    reps: int,
+    warmup: int,
+    timeout: float,
+    modes=("cold",),
+    on_event=None,
+    defines: dict[str, str] | None = None,
+) -> dict[str, BenchRow]:
+    """The variant's row in every mode ({mode: row}); one worker builds, checks and times it in each."""
+    reason = variant.unsupported_reason(case.shape.head_dim, case.causal, arch, case.dtype)
+    if reason:
+        return {m: BenchRow(variant.name, "variant", "SKIP", detail=reason) for m in modes}
+    spec = {
+        "task": "bench",
+        "registry": str(registry.path),
+        "variant": variant.name,
+        "arch": arch,
+        "defines": defines or {},
+        "case": case.as_dict(),
+        "reps": reps,
+        "warmup": warmup,
+        "modes": list(modes),
+    }
+    worker = run_worker(spec, run_timeout=timeout, on_event=on_event)
+    return {m: _variant_row(variant, case, worker, m, timeout) for m in modes}
+
+
+def _variant_row(variant: Variant, case: Case, worker, mode: str, timeout: float) -> BenchRow:
+    built = worker.find("built")
+    key = built[0].get("key", "") if built else ""
+    if worker.find("build-failed"):
+        return BenchRow(variant.name, "variant", "BUILD-FAIL", key=key, detail=worker.find("build-failed")[0]["errors"])
+    # a mode timed (or found untimeable) before a later mode crashed or timed out keeps its result
+    timing = [e for e in worker.find("timing") if _in_mode(e, mode)]
+    if timing:
+        return BenchRow(variant.name, "variant", "OK", _timing(timing[0]), key=key)
+    skipped = [e for e in worker.find("timing-skipped") if _in_mode(e, mode)]
+    if skipped:
+        return BenchRow(variant.name, "variant", "SKIP", key=key, detail=f"{mode} mode: {skipped[0]['reason']}")
+    if worker.status == "timeout":
+        return BenchRow(variant.name, "variant", "TIMEOUT", key=key, detail=f"killed after {timeout:.0f} s ({worker.phase})")
+    crash = worker.find("crash")
+    if crash or worker.status == "crash":
+        return BenchRow(variant.name, "variant", "CRASH", key=key, detail=crash[0]["error"] if crash else worker.log_tail)
+    checked = worker.find("case")
+    if checked and checked[0]["status"] != "OK":
+        e = checked[0]
+        outcome = CaseOutcome(case, e["status"], e["max_error"], e["tolerance"], e.get("detail", ""), e.get("mismatches", []))
+        return BenchRow(variant.name, "variant", outcome.status, key=key, detail=f"not timed: {outcome.detail} "
+                        f"(max error {outcome.max_error:.3g} > tolerance {outcome.tolerance:.3g})")  # fmt: skip
+    return BenchRow(variant.name, "variant", "CRASH", key=key, detail=worker.log_tail)
+
+
+def finish(run: BenchRun) -> None:
+    run.clocks_after = clocks()
+
+
+def _timing(event: dict) -> dict:
+    return {k: event[k] for k in TIMING_KEYS if k in event}

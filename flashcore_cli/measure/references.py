@@ -1,0 +1,39 @@
+"""Reference rows timed beside the variants: PyTorch SDPA (its default and each backend the GPU runs)
+and the project's own Triton FlashAttention forward."""
+
+from __future__ import annotations
+
+
+SDPA_DEFAULT = "sdpa"
+
+
+def reference_functions(q, k, v, causal: bool):
+    """(name, zero-argument callable or None, context manager to time it in, reason when None)."""
+    import contextlib
+
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    rows = [(SDPA_DEFAULT, sdpa, contextlib.nullcontext(), "")]
+    for label, backend in (
+        ("sdpa-flash", SDPBackend.FLASH_ATTENTION),
+        ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION),
+        ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
+        ("sdpa-math", SDPBackend.MATH),
+    ):
+        # the backend is pinned around the whole timing loop, not inside each timed call
+        rows.append((label, sdpa, sdpa_kernel([backend]), ""))
+
+    try:
+        from flashcore_cli.measure import triton_attention
+    except ImportError as exc:
+        rows.append(("triton", None, None, f"the Triton reference could not be imported: {exc}"))
+        return rows
+    if triton_attention.available():
+        rows.append(("triton", lambda: triton_attention.triton_attention(q, k, v, causal=causal), contextlib.nullcontext(), ""))
+    else:
+        rows.append(("triton", None, None, triton_attention.unavailable_reason()))
+    return rows

@@ -1,0 +1,343 @@
+"""`flashcore tune`: search the -D parameters a variant declares, and keep the fastest correct one per GPU.
+
+    1. the grid: every combination of the registry's `tune: params` values (--param NAME=v,v narrows or
+       replaces one parameter's values; only declared names are accepted);
+    2. the registry's constraints reject combinations before anything is compiled (constraints.py);
+    3. the device's limits: each remaining combination is compiled by the no-GPU ptxas probe, and one whose
+       kernels spill registers or cannot fit one CTA on an SM is skipped before any GPU time is spent;
+    4. trials, spread over every visible GPU (gpus.py): each builds the combination (ignoring any stored
+       winner), checks it on the tune shape and two awkward ones, and times it only if every check passed,
+       in the run's one timing mode (--mode cold, graph or host: timing.py; the record carries it);
+    5. the ranking, and the winner stored per GPU model (tuned.py): every later build of the variant on that
+       GPU, so `flashcore build/test/bench`, uses it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from flashcore_cli.registry.constraints import compile_constraint
+from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.registry.variants import TuneSpace, Variant
+
+CHECK_SEQ_LENS = (17, 97)  # beside the tune shape: a short and a ragged sequence, at the same head dim
+
+
+@dataclass
+class Candidate:
+    defines: dict[str, int]
+    skipped: str = ""  # why it never ran: a constraint, spills, does not fit, compile failed
+    resources: str = ""  # from the ptxas probe
+    status: str = ""  # the trial's: OK, MISMATCH, TIMEOUT, CRASH, BUILD-FAIL, SKIP (untimeable in the mode)
+    timing: dict = field(default_factory=dict)
+    gpu: str = ""  # the GPU model the trial ran on
+    lane: str = ""  # which visible GPU
+    key: str = ""
+    detail: str = ""
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.defines.items())
+
+    @property
+    def median(self) -> float | None:
+        return self.timing.get("median_us")
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("defines", "skipped", "resources", "status", "timing", "gpu", "lane", "key", "detail")}
+
+
+def parse_params(values: list[str] | None, space: TuneSpace, variant: str) -> dict[str, list[int]]:
+    """The declared space, with --param NAME=v1,v2 replacing NAME's values."""
+    if not space.params:
+        raise FlashcoreError(f"{variant} declares no tuning parameters (add a `tune:` block with `params:` to its registry entry)")
+    params = {k: list(v) for k, v in space.params.items()}
+    given: set[str] = set()
+    for text in values or []:
+        m = re.fullmatch(r"\s*([A-Za-z_]\w*)\s*=\s*(.+)", text)
+        if not m:
+            raise FlashcoreError(f"--param '{text}': expected NAME=v1,v2,... e.g. BLOCK_M=32,64")
+        name, raw = m.groups()
+        if name not in params:
+            raise FlashcoreError(f"--param {name}: {variant} does not declare it as tunable (declared: {', '.join(params)})")
+        if name in given:
+            raise FlashcoreError(f"--param {name} is given twice")
+        tokens = [t.strip() for t in raw.split(",") if t.strip()]
+        if not tokens or not all(re.fullmatch(r"-?\d+", t) for t in tokens):
+            raise FlashcoreError(f"--param {name}={raw}: the values must be integers separated by commas")
+        params[name] = list(dict.fromkeys(int(t) for t in tokens))
+        given.add(name)
+    return params
+
+
+def grid(params: dict[str, list[int]], constraints: list[str]) -> list[Candidate]:
+    """Every combination, in declaration order; those a constraint rejects are marked skipped."""
+    checks = [compile_constraint(c, params.keys()) for c in constraints]
+    names = list(params)
+    out = []
+    for combo in itertools.product(*(params[n] for n in names)):
+        values = dict(zip(names, combo))
+        failed = next((c.text for c in checks if not c.holds(values)), None)
+        out.append(Candidate(values, skipped=f"constraint: {failed}" if failed else ""))
+    return out
+
+
+def probe_limits(variant: Variant, arch: str, head_dim: int, candidates: list[Candidate], on_done=None) -> None:
+    """Compile each remaining candidate with the ptxas probe (no GPU); skip those that spill or do not fit."""
+    import os
+
+    from flashcore_cli.build.ptxas import compile_probe
+
+    todo = [c for c in candidates if not c.skipped]
+
+    def one(c: Candidate):
+        return c, compile_probe(variant, arch, {k: str(v) for k, v in c.defines.items()})
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+        for c, report in pool.map(one, todo):
+            judge(c, report, head_dim)
+            if on_done:
+                on_done(c)
+
+
+def judge(c: Candidate, report, head_dim: int) -> None:
+    """Read one probe: note the resources of the kernels used at head_dim; mark the candidate skipped if it
+    cannot run well on the arch."""
+    if report.error:
+        c.skipped, c.detail = f"compile failed: {report.error.strip().splitlines()[0]}", report.error
+        return
+    used = [k for k in report.kernels if k.threads and k.head_dim == head_dim] or [k for k in report.kernels if k.threads]
+    c.resources = "; ".join(
+        f"{k.registers} regs, {k.smem_per_cta / 1024:.1f} KB smem, {k.ctas_per_sm} CTA/SM" for k in used
+    )
+    if spilled := [k for k in report.kernels if k.spills]:
+        c.skipped = f"spills ({', '.join(f'{k.spill_stores}+{k.spill_loads} B' for k in spilled)})"
+    elif unfit := [k for k in used if k.ctas_per_sm == 0]:
+        c.skipped = f"does not fit: {unfit[0].limiter}"
+
+
+# ---------------------------------------------------------------- trials (run in a GPU lane)
+@dataclass(frozen=True)
+class TrialJob:
+    registry: str
+    variant: str
+    arch: str
+    defines: tuple[tuple[str, str], ...]
+    cases: tuple[dict, ...]
+    case: dict
+    reps: int
+    warmup: int
+    timeout: float
+    mode: str = "cold"
+
+
+def run_trial(job: TrialJob) -> dict:
+    from flashcore_cli.core.isolate import run_worker
+
+    spec = {
+        "task": "trial",
+        "registry": job.registry,
+        "variant": job.variant,
+        "arch": job.arch,
+        "defines": dict(job.defines),
+        "ignore_tuned": True,
+        "cases": list(job.cases),
+        "case": job.case,
+        "reps": job.reps,
+        "warmup": job.warmup,
+        "modes": [job.mode],
+    }
+    worker = run_worker(spec, run_timeout=job.timeout)
+    built = worker.find("built")
+    device = worker.find("device")
+    env = (worker.find("environment") or [{}])[0]
+    result = {"key": built[0].get("key", "") if built else "", "gpu": device[0]["gpu"] if device else "", "timing": {}, "detail": "",
+              "environment": {k: v for k, v in env.items() if k != "event"}}  # fmt: skip
+    if failed := worker.find("build-failed"):
+        return {**result, "status": "BUILD-FAIL", "detail": failed[0]["errors"]}
+    if worker.status == "timeout":
+        return {**result, "status": "TIMEOUT", "detail": f"killed after {job.timeout:.0f} s ({worker.phase})"}
+    if crash := worker.find("crash"):
+        return {**result, "status": "CRASH", "detail": crash[0]["error"]}
+    bad = [e for e in worker.find("case") if e["status"] != "OK"]
+    if bad:
+        e = bad[0]
+        return {**result, "status": e["status"], "detail": f"{e['case']['shape']}{' causal' if e['case']['causal'] else ''}: {e['detail']}"}
+    timing = [e for e in worker.find("timing") if e.get("mode", job.mode) == job.mode]
+    if not timing:
+        if skipped := worker.find("timing-skipped"):
+            return {**result, "status": "SKIP", "detail": f"{job.mode} mode: {skipped[0]['reason']}"}
+        return {**result, "status": "CRASH", "detail": f"worker {worker.status}, exit {worker.returncode}\n{worker.log_tail}"}
+    keep = ("median_us", "p10_us", "p90_us", "calls_per_sample", "timed_out_samples", "samples_us")
+    return {**result, "status": "OK", "timing": {k: timing[0][k] for k in keep if k in timing[0]}}
+
+
+def check_cases(variant: Variant, shape, seed: int) -> list:
+    """What a trial must pass before it is timed: the tune shape and two awkward sequence lengths, in every
+    masking mode the variant supports (a tuned build serves them all)."""
+    from flashcore_cli.registry.shapes import Shape, expand_cases
+
+    shapes = [shape, *(Shape(2, 3, s, shape.head_dim) for s in CHECK_SEQ_LENS if s != shape.seq_len)]
+    return expand_cases(shapes, seed, (False, True) if variant.causal else (False,))
+
+
+def ranked(candidates: list[Candidate]) -> list[Candidate]:
+    timed = sorted((c for c in candidates if c.median), key=lambda c: c.median)
+    return timed + [c for c in candidates if not c.median]
+
+
+def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup, timeout, arch_text, dry_run, mode_text="cold") -> int:
+    from flashcore_cli.registry.archs import parse_arch, parse_archs
+    from flashcore_cli.measure.bench import MIN_REPS
+    from flashcore_cli.core.console import console, progress, require_gpu
+    from flashcore_cli.check.correctness import new_seed
+    from flashcore_cli.core.records import save_record
+    from flashcore_cli.registry.variants import load_registry
+    from flashcore_cli.registry.shapes import MISSION_SHAPE, Case, parse_shape
+    from flashcore_cli.core.records import clocks
+    from flashcore_cli.measure.timing import parse_modes
+    from flashcore_cli.build.tuned import store_tuned
+
+    (mode,) = parse_modes(mode_text, several=False)
+    reg = load_registry(registry_path)
+    variant = reg.get(name)
+    params = parse_params(param_values, variant.tune, variant.name)
+    candidates = grid(params, variant.tune.constraints)
+    shape = parse_shape(shape_text or MISSION_SHAPE)
+    reason = variant.unsupported_reason(shape.head_dim, causal)
+    if reason:
+        raise FlashcoreError(reason)
+    if reps < MIN_REPS:
+        raise FlashcoreError(f"--reps {reps}: at least {MIN_REPS} timed calls are needed for a median and p10/p90")
+    if warmup < 1 or timeout <= 0:
+        raise FlashcoreError("--warmup must be at least 1 and --timeout positive (seconds)")
+    arch = parse_arch(arch_text) if arch_text else parse_archs(None)[0]
+    sizes = " x ".join(f"{k} ({len(v)})" for k, v in params.items())
+    rejected = sum(bool(c.skipped) for c in candidates)
+    console.print(f"tune {variant.name}: {sizes} = {len(candidates)} combination(s), {rejected} rejected by the constraints")
+    if not dry_run:
+        require_gpu("tune")
+    with progress() as bar:
+        task = bar.add_task(f"ptxas probe on {arch}: registers, shared memory, spills", total=len(candidates) - rejected)
+        probe_limits(variant, arch, shape.head_dim, candidates, on_done=lambda c: bar.advance(task))
+    runnable = [c for c in candidates if not c.skipped]
+    console.print(f"{len(runnable)} to run on the GPU; {len(candidates) - len(runnable)} skipped")
+    if dry_run or not runnable:
+        render_ranking(candidates, variant.name, f"{shape}{' causal' if causal else ''}", None, mode)
+        if not runnable:
+            console.print("[bold red]no combination is left to run[/]")
+        return 0 if dry_run else 1
+
+    seed = new_seed()
+    case = Case(shape, causal, seed)
+    cases = tuple(c.as_dict() for c in check_cases(variant, shape, seed + 1))
+    environments, lanes = run_trials(TrialJob(str(reg.path), variant.name, arch, (), cases, case.as_dict(), reps, warmup, timeout, mode),
+                                     runnable)  # fmt: skip
+    winners = best_per_gpu(candidates)
+    record = {
+        "kind": "flashcore-tune",
+        "mode": mode,
+        "variant": variant.name,
+        "arch": arch,
+        "case": case.as_dict(),
+        "check_cases": list(cases),
+        "params": params,
+        "constraints": variant.tune.constraints,
+        "candidates": [c.as_dict() for c in candidates],
+        "winners": {gpu: c.defines for gpu, c in winners.items()},
+        **lanes,
+        "environment": next((e for e in environments if e), {}),
+        "clocks_after": clocks(),
+    }
+    saved = save_record(record, "tune", variant.name)
+    render_ranking(candidates, variant.name, case.label(), saved, mode)
+    if len({c.lane for c in runnable}) > 1:
+        console.print("trials ran on several GPUs of the host: chip-to-chip differences are part of the comparison")
+    if not winners:
+        console.print("[bold red]no combination passed its checks: nothing stored[/]")
+        return 1
+    for gpu, c in winners.items():
+        path = store_tuned(variant.name, gpu, {k: str(v) for k, v in c.defines.items()},
+                           {"median_us": c.median, "mode": mode, "case": case.as_dict(), "key": c.key, "record": str(saved)})  # fmt: skip
+        console.print(f"winner on {gpu}: [bold]{c.label}[/] ({c.median:.1f} us); stored in {path}: "
+                      f"`flashcore build/test/bench {variant.name}` on this GPU now use it")  # fmt: skip
+    return 0
+
+
+def lost_trial(lost) -> dict:
+    """A trial whose lane died under it (gpus.LaneLost): CRASH with the reason."""
+    return {"status": "CRASH", "detail": lost.reason, "timing": {}, "gpu": "", "key": "", "environment": {}}
+
+
+def run_trials(template: TrialJob, runnable: list[Candidate]) -> tuple[list[dict], dict]:
+    """One trial per candidate (the template with the candidate's defines), over every visible GPU; each
+    candidate gets its status, timing, GPU and cache key. Returns each trial's environment (GPU, driver, ...)
+    and, for the record, the GPUs, the number of lanes and the wall time of the trials."""
+    import dataclasses
+    import time
+
+    from flashcore_cli.core.console import console, progress
+    from flashcore_cli.measure.gpus import LaneLost, map_on_gpus, visible_gpus
+    from flashcore_cli.registry.shapes import Case
+    from flashcore_cli.measure.timing import MODE_TITLES
+
+    jobs = [dataclasses.replace(template, defines=tuple((k, str(v)) for k, v in c.defines.items())) for c in runnable]
+    gpus = visible_gpus() or ["0"]
+    console.print(f"trials: check {len(template.cases)} case(s), then time {Case.from_dict(template.case).label()} "
+                  f"({template.reps} samples, {MODE_TITLES[template.mode]}); {len(gpus)} GPU(s); seed {template.case['seed']}")  # fmt: skip
+    with progress() as bar:
+        task = bar.add_task(f"{len(jobs)} trial(s)", total=len(jobs))
+
+        def on_done(index, result, gpu):
+            c = runnable[index]
+            if isinstance(result, LaneLost):
+                result = lost_trial(result)
+            c.status, c.timing, c.gpu, c.key, c.detail = result["status"], result["timing"], result["gpu"], result["key"], result["detail"]
+            c.lane = gpu
+            bar.advance(task)
+            bar.console.print(f"  {c.label} (gpu {gpu}): {f'{c.median:.1f} us' if c.median else c.status}")
+
+        started = time.monotonic()
+        results = map_on_gpus(run_trial, jobs, gpus, on_done=on_done)
+        wall_s = time.monotonic() - started
+    environments = [{} if isinstance(r, LaneLost) else r.get("environment") or {} for r in results]
+    return environments, {"gpus": gpus, "lanes": min(len(gpus), len(jobs)), "wall_s": round(wall_s, 3)}
+
+
+def best_per_gpu(candidates: list[Candidate]) -> dict[str, Candidate]:
+    best: dict[str, Candidate] = {}
+    for c in ranked(candidates):
+        if c.median and c.gpu and c.gpu not in best:
+            best[c.gpu] = c
+    return best
+
+
+def render_ranking(candidates: list[Candidate], variant: str, case_label: str, saved, mode: str = "cold") -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from flashcore_cli.core.console import console, styled
+    from flashcore_cli.measure.timing import timing_verdict
+
+    order = ranked(candidates)
+    best = order[0] if order and order[0].median else None
+    table = Table(title=f"tune {variant} at {case_label}, {mode} mode" + (f" (record: {saved})" if saved else ""))
+    for col, just in (("#", "right"), ("parameters", "left"), ("status", "left"), ("median us", "right"),
+                      ("p10-p90 us", "right"), ("vs best", "right"), ("ptxas (kernels used)", "left"), ("note", "left")):  # fmt: skip
+        table.add_column(col, justify=just, overflow="fold")
+    for rank, c in enumerate(order, 1):
+        if c.median:
+            same = best is not c and timing_verdict(best.timing, c.timing).word == "same"
+            vs = f"{c.median / best.median:.2f}x" + (" (same)" if same else "")
+            table.add_row(str(rank), c.label, styled("OK"), f"{c.median:.1f}", f"{c.timing['p10_us']:.1f}-{c.timing['p90_us']:.1f}",
+                          vs, c.resources, f"gpu {c.lane}")  # fmt: skip
+        else:
+            status = styled(c.status) if c.status else "[dim]skipped[/]" if c.skipped else "[dim]to run[/]"
+            note = c.skipped or (c.detail.splitlines()[0][:120] if c.detail else "")
+            table.add_row("-", c.label, status, "-", "-", "-", c.resources, escape(note))
+    console.print(table)
+    if best:
+        console.print("vs best: this median / the best median; (same): within the two runs' p10-p90 spread (compare's rule)")

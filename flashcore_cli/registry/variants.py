@@ -1,0 +1,370 @@
+"""The variant registry: variants.yaml, validated on load.
+
+Every problem is reported as one FlashcoreError naming the file, the variant and the key, so a broken
+registry never surfaces as a traceback. Paths are relative to the registry file and must stay inside the
+project (the nearest ancestor holding pyproject.toml).
+
+Which registry, resolved as git finds its repository (resolve_registry): --registry, else
+$FLASHCORE_REGISTRY, else a variants.yaml in the current directory or one of its parents, else the
+installed project's.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flashcore_cli.registry.archs import ARCH_SPECIFIC, TARGETS, gpu_arch
+from flashcore_cli.core.errors import FlashcoreError
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the project: flashcore_cli/registry/variants.py -> ../../..
+REGISTRY_FILE = "variants.yaml"
+DEFAULT_REGISTRY = PACKAGE_ROOT / REGISTRY_FILE
+REGISTRY_ENV = "FLASHCORE_REGISTRY"
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SOURCE_SUFFIXES = {".cu", ".cuh", ".cpp", ".h"}
+_REQUIRED = {"name", "sources", "summary", "head_dims", "causal"}
+_OPTIONAL = {"aliases", "flags", "defines", "notes", "tune", "archs", "dtypes"}
+# The element types a variant may declare (`dtypes:`), by the name users type; fp16 is the default.
+DTYPES = ("fp16", "bf16")
+DEFAULT_DTYPES = ("fp16",)
+
+
+@dataclass(frozen=True)
+class TuneSpace:
+    """-D parameters the tuner may vary, each with its candidate values, and restrictions over them."""
+
+    params: dict[str, list[int]] = field(default_factory=dict)
+    constraints: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    aliases: tuple[str, ...]
+    sources: tuple[Path, ...]
+    flags: tuple[str, ...]
+    defines: dict[str, str]
+    summary: str
+    head_dims: tuple[int, ...]
+    causal: bool
+    notes: str
+    tune: TuneSpace
+    root: Path  # the project root: kernels/ (flashcore.h, binding.cpp) lives here
+    archs: tuple[str, ...] = ()  # the targets it can be built and run for; empty: any
+    dtypes: tuple[str, ...] = DEFAULT_DTYPES  # the element types its launcher takes (DTYPES)
+
+    @property
+    def kernels_dir(self) -> Path:
+        return self.root / "kernels"
+
+    def target_arch(self, arch: str) -> str | None:
+        """What to compile for when the GPU (or --arch) is `arch`: `arch` itself, or the arch-specific target
+        the variant lists for it (sm_90 -> sm_90a); None when the variant does not run there."""
+        if not self.archs or arch in self.archs:
+            return arch
+        for listed in self.archs:
+            if gpu_arch(listed) == gpu_arch(arch):
+                return listed if listed in ARCH_SPECIFIC else arch
+        return None
+
+    def runs_on(self) -> str:
+        return " and ".join(self.archs) if self.archs else "any arch"
+
+    def build_target(self, arch: str) -> str:
+        """target_arch, or one clear error where the variant cannot be built for `arch`."""
+        target = self.target_arch(arch)
+        if target is None:
+            raise FlashcoreError(f"{self.name} runs on {self.runs_on()} only; it is not built for {arch}")
+        return target
+
+    def unsupported_reason(self, head_dim: int, causal: bool, arch: str | None = None, dtype: str = "fp16") -> str | None:
+        """Why this variant cannot run a case (on a GPU of `arch`, when given; in `dtype`), or None when it can."""
+        if arch is not None and self.target_arch(arch) is None:
+            return f"{self.name} runs on {self.runs_on()} only; this GPU is {arch}"
+        if dtype not in self.dtypes:
+            return f"dtype {dtype} is not supported by {self.name} (it takes {', '.join(self.dtypes)})"
+        if head_dim not in self.head_dims:
+            dims = ", ".join(str(d) for d in self.head_dims)
+            return f"head dim {head_dim} is not supported by {self.name} (it supports {dims})"
+        if causal and not self.causal:
+            return f"causal masking is not supported by {self.name}"
+        return None
+
+
+@dataclass(frozen=True)
+class Registry:
+    path: Path
+    root: Path
+    variants: tuple[Variant, ...]
+
+    def names(self) -> list[str]:
+        return [v.name for v in self.variants]
+
+    def get(self, name: str) -> Variant:
+        for v in self.variants:
+            if name == v.name or name in v.aliases:
+                return v
+        known = [v.name for v in self.variants] + [a for v in self.variants for a in v.aliases]
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        raise FlashcoreError(f"unknown variant '{name}'{hint}; `flashcore list` shows the registry")
+
+    def select(self, names: list[str] | None, all_: bool) -> list[Variant]:
+        """The variants a command was asked for: NAME... or --all, never both, never neither."""
+        if all_ and names:
+            raise FlashcoreError("give variant names or --all, not both")
+        if all_:
+            return list(self.variants)
+        if not names:
+            raise FlashcoreError("name at least one variant, or pass --all")
+        chosen: list[Variant] = []
+        for n in names:
+            v = self.get(n)
+            if v not in chosen:
+                chosen.append(v)
+        return chosen
+
+
+@dataclass(frozen=True)
+class RegistryChoice:
+    """The registry a command uses, and how it was found (for the one line that says so)."""
+
+    path: Path
+    source: str  # "--registry", "FLASHCORE_REGISTRY", "the current directory", "installed"
+
+    @property
+    def is_installed(self) -> bool:
+        return _same_file(self.path, DEFAULT_REGISTRY)
+
+
+def resolve_registry(explicit: str | os.PathLike | None = None, cwd: Path | None = None) -> RegistryChoice:
+    """--registry (a file, or a folder holding variants.yaml), else $FLASHCORE_REGISTRY, else a variants.yaml
+    in the current directory or one of its parents, else the installed project's."""
+    if explicit is not None:
+        if not str(explicit).strip():
+            raise FlashcoreError("--registry is empty: give a registry file (variants.yaml) or the folder holding one")
+        return RegistryChoice(_registry_file(explicit), "--registry")
+    env = os.environ.get(REGISTRY_ENV, "").strip()
+    if env:
+        return RegistryChoice(_registry_file(env), REGISTRY_ENV)
+    try:
+        start = (cwd or Path.cwd()).resolve()
+    except OSError:  # the current directory was removed
+        start = None
+    for folder in [start, *start.parents] if start else []:
+        if (folder / REGISTRY_FILE).is_file():
+            return RegistryChoice(folder / REGISTRY_FILE, "the current directory")
+    return RegistryChoice(DEFAULT_REGISTRY, "installed")
+
+
+def registry_path(explicit: str | os.PathLike | None = None) -> Path:
+    return resolve_registry(explicit).path
+
+
+def _registry_file(given: str | os.PathLike) -> Path:
+    path = Path(given).expanduser()
+    return path / REGISTRY_FILE if path.is_dir() else path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def project_root(start: Path) -> Path:
+    for d in [start, *start.parents]:
+        if (d / "pyproject.toml").is_file():
+            return d
+    return start
+
+
+def load_registry(path: str | os.PathLike | None = None) -> Registry:
+    import yaml  # deferred: keeps `flashcore --help` fast
+
+    path = registry_path(path).resolve()
+    if not path.is_file():
+        raise FlashcoreError(f"{path}: registry file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise FlashcoreError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); save the registry as UTF-8") from None
+    except OSError as exc:
+        raise FlashcoreError(f"{path}: cannot read the registry ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise FlashcoreError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    root = project_root(path.parent)
+    if not isinstance(data, dict) or set(data) != {"variants"}:
+        keys = sorted(data) if isinstance(data, dict) else type(data).__name__
+        raise FlashcoreError(f"{path}: the registry must be a mapping with one key, 'variants' (found {keys})")
+    entries = data["variants"]
+    if not isinstance(entries, list) or not entries:
+        raise FlashcoreError(f"{path}: 'variants' must be a non-empty list")
+
+    variants: list[Variant] = []
+    seen: dict[str, str] = {}
+    for index, entry in enumerate(entries):
+        v = _parse_variant(path, root, index, entry)
+        for label in (v.name, *v.aliases):
+            if label in seen:
+                raise FlashcoreError(
+                    f"{path}: variant '{v.name}': name or alias '{label}' is already used by variant '{seen[label]}'"
+                )
+            seen[label] = v.name
+        variants.append(v)
+    return Registry(path=path, root=root, variants=tuple(variants))
+
+
+def _parse_variant(path: Path, root: Path, index: int, entry: Any) -> Variant:
+    where = f"{path}: variant #{index + 1}"
+    if not isinstance(entry, dict):
+        raise FlashcoreError(f"{where}: must be a mapping of keys, got {type(entry).__name__}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise FlashcoreError(f"{where}: key 'name': must be a string of letters, digits, '_', '.', '-' (got {name!r})")
+    where = f"{path}: variant '{name}'"
+
+    def fail(key: str, problem: str) -> FlashcoreError:
+        return FlashcoreError(f"{where}: key '{key}': {problem}")
+
+    unknown = sorted(set(entry) - _REQUIRED - _OPTIONAL)
+    if unknown:
+        allowed = ", ".join(sorted(_REQUIRED | _OPTIONAL))
+        raise fail(unknown[0], f"unknown key (allowed: {allowed})")
+    missing = sorted(_REQUIRED - set(entry))
+    if missing:
+        raise fail(missing[0], "missing")
+
+    aliases = entry.get("aliases", [])
+    if not _is_list_of(aliases, str) or not all(_NAME.match(a) for a in aliases):
+        raise fail("aliases", "must be a list of names")
+
+    sources_raw = entry["sources"]
+    if not _is_list_of(sources_raw, str) or not sources_raw:
+        raise fail("sources", "must be a non-empty list of file paths")
+    sources = []
+    for s in sources_raw:
+        p = (path.parent / s).resolve()
+        if not p.is_relative_to(root):
+            raise fail("sources", f"'{s}' is outside the project ({root})")
+        if p.suffix not in _SOURCE_SUFFIXES:
+            raise fail("sources", f"'{s}' is not a CUDA/C++ source ({', '.join(sorted(_SOURCE_SUFFIXES))})")
+        if not p.is_file():
+            raise fail("sources", f"file '{s}' does not exist")
+        sources.append(p)
+
+    flags = entry.get("flags", [])
+    if not _is_list_of(flags, str):
+        raise fail("flags", "must be a list of strings (nvcc flags)")
+    for f in flags:
+        if f.startswith("-D"):
+            raise fail("flags", f"'{f}': put macros under 'defines', so the cache key and the tuner see them")
+
+    defines_raw = entry.get("defines", {})
+    if not isinstance(defines_raw, dict):
+        raise fail("defines", "must be a mapping NAME: value")
+    defines: dict[str, str] = {}
+    for k, val in defines_raw.items():
+        if not isinstance(k, str) or not _IDENT.match(k):
+            raise fail("defines", f"'{k}' is not a C identifier")
+        if isinstance(val, bool) or not isinstance(val, (int, float, str)):
+            raise fail("defines", f"'{k}' must be a number or a string")
+        defines[k] = str(val)
+
+    summary = entry["summary"]
+    if not isinstance(summary, str) or not summary.strip() or "\n" in summary.strip():
+        raise fail("summary", "must be a one-line string")
+
+    head_dims = entry["head_dims"]
+    if not _is_list_of(head_dims, int) or not head_dims or any(isinstance(d, bool) or d <= 0 for d in head_dims):
+        raise fail("head_dims", "must be a non-empty list of positive integers")
+    if len(set(head_dims)) != len(head_dims):
+        raise fail("head_dims", "lists a head dim twice")
+
+    causal = entry["causal"]
+    if not isinstance(causal, bool):
+        raise fail("causal", "must be true or false")
+
+    notes = entry.get("notes", "")
+    if not isinstance(notes, str):
+        raise fail("notes", "must be a string")
+
+    archs = _parse_archs(entry.get("archs"), fail)
+    dtypes = _parse_dtypes(entry.get("dtypes"), fail)
+    tune = _parse_tune(entry.get("tune"), fail)
+    return Variant(
+        name=name,
+        aliases=tuple(aliases),
+        sources=tuple(sources),
+        flags=tuple(flags),
+        defines=defines,
+        summary=summary.strip(),
+        head_dims=tuple(head_dims),
+        causal=causal,
+        notes=notes.strip(),
+        tune=tune,
+        root=root,
+        archs=archs,
+        dtypes=dtypes,
+    )
+
+
+def _parse_archs(raw: Any, fail) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not _is_list_of(raw, str) or not raw:
+        raise fail("archs", f"must be a non-empty list of archs, e.g. [sm_90a] (got {raw!r})")
+    for arch in raw:
+        if arch not in TARGETS:
+            close = difflib.get_close_matches(arch, TARGETS, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise fail("archs", f"unknown arch '{arch}' ({hint}known: {', '.join(TARGETS)})")
+    if len(set(raw)) != len(raw):
+        raise fail("archs", "lists an arch twice")
+    return tuple(raw)
+
+
+def _parse_dtypes(raw: Any, fail) -> tuple[str, ...]:
+    if raw is None:
+        return DEFAULT_DTYPES
+    if not _is_list_of(raw, str) or not raw:
+        raise fail("dtypes", f"must be a non-empty list of element types, e.g. [fp16, bf16] (got {raw!r})")
+    for dtype in raw:
+        if dtype not in DTYPES:
+            raise fail("dtypes", f"unknown dtype '{dtype}' (known: {', '.join(DTYPES)})")
+    if len(set(raw)) != len(raw):
+        raise fail("dtypes", "lists a dtype twice")
+    return tuple(raw)
+
+
+def _parse_tune(raw: Any, fail) -> TuneSpace:
+    if raw is None:
+        return TuneSpace()
+    if not isinstance(raw, dict) or not set(raw) <= {"params", "constraints"}:
+        raise fail("tune", "must be a mapping with 'params' (NAME: [values]) and optional 'constraints' ([expr])")
+    params_raw = raw.get("params", {})
+    if not isinstance(params_raw, dict) or not params_raw:
+        raise fail("tune", "'params' must be a non-empty mapping NAME: [integer values]")
+    params: dict[str, list[int]] = {}
+    for k, vals in params_raw.items():
+        if not isinstance(k, str) or not _IDENT.match(k):
+            raise fail("tune", f"parameter '{k}' is not a C identifier")
+        if not _is_list_of(vals, int) or not vals or any(isinstance(x, bool) for x in vals):
+            raise fail("tune", f"parameter '{k}' must list integer values")
+        params[k] = list(vals)
+    constraints = raw.get("constraints", [])
+    if not _is_list_of(constraints, str):
+        raise fail("tune", "'constraints' must be a list of expressions over the parameters")
+    return TuneSpace(params=params, constraints=list(constraints))
+
+
+def _is_list_of(value: Any, kind: type) -> bool:
+    return isinstance(value, list) and all(isinstance(x, kind) for x in value)
