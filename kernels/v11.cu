@@ -43,13 +43,13 @@
 // ptxas (nvcc 13.0; no static smem, spills or stack), registers sm_90 | sm_89 (v11_fwd_tma: 174, sm_90 only):
 //   v11_fwd<64, 128, 64, 32, 2, 1, 2>  226 | 219 (2 CTAs/SM)   v11_fwd<64, 32, 32, 16, 3, 4, 1>   136 | 125
 //   v11_fwd<128, 128, 48, 32, 2, 1, 2> 254 | 252 (2 CTAs/SM)   v11_fwd<128, 32, 16, 16, 2, 4, 1>  181 | 174
-// Measured before the l_i change (H200, `flashcore bench`, L2 flushed, one run per shape beside SDPA):
+// Measured (H200, `flashcore bench`, L2 flushed, blocking start; the record docs/results/h200.json, and one
+// run of this build beside the build before the l_i change, which reads v11b):
 //   shape              v11                     SDPA default   SDPA flash (FA2)
-//   1,8,512,64         8.8-9.3 us (0.73-0.78x)  11.7-12.4 us  15.6 us   target <= 0.6x SDPA's time: not met
-//   2,16,4096,64       309 TFLOP/s              458           295       1.05x FA2
-//     causal           291                      366           230       1.27x
-//   2,16,4096,128      353                      646           333       1.06x
-//     causal           333                      511           270       1.23x
+//   1,8,512,64         8.1 us (0.74x), v11b 8.1   11.0 us     14.5 us   target <= 0.6x SDPA's time: not met
+//     graph mode       5.5 us, v11b 5.5           8.9 us     10.3 us
+//   2,16,4096,64       457 us, 301 TFLOP/s; v11b 441 us, 312 (the ones column: 3.6% slower)  462   292
+//   2,16,4096,128      359 TFLOP/s (bf16 360)     639 (661)   346 (341)  1.04x FA2 (bf16 1.06x)
 // Where the 1,8,512,64 time goes (docs/ladder.md: timelines, ablations, floor study): an empty kernel ~3.5 us;
 // loads, merge and the mma work with no softmax at all 7.2-7.3 (0.61x of SDPA); v11's softmax ~1.5 us more.
 // Tried and not kept (H200, 1,8,512,64 unless named):

@@ -27,18 +27,19 @@
 //
 // Run:  flashcore test v12 && flashcore bench v12 --shape 2,16,4096,128 && flashcore sass v12
 //
-// Measured (H200, one run beside SDPA; L2 flushed before each call, median of 100):
+// Measured (H200, L2 flushed; 4096 rows: `flashcore bench`, record docs/results/h200.json, and one more bench
+// run; 16384 rows: the development harness's events, same flush, one run):
 //   shape              v12 TFLOP/s   SDPA default (cuDNN)   SDPA flash (FA2)   v12 / cuDNN
-//   2,16,4096,64         420          459                   294               0.92x
-//     causal             341          366                   230               0.93x
-//   2,16,4096,128        619          613                   330               1.01x
-//     causal             506          508                   271               0.99x
-//   1,16,16384,64        469          444                   298               1.06x
-//     causal             442          426                   278               1.04x
-//   1,8,512,64          11.3 us       11.9 us               (FA2 15-16 us)    0.95x of SDPA's time
+//   2,16,4096,64       418-421       458-462                 292               0.91x
+//     causal           345           365                     230               0.95x
+//   2,16,4096,128      607-623       639-655                 340-346           0.95x (bf16 629 vs 661: 0.95x)
+//     causal           513           515                     267               1.00x
+//   1,16,16384,64      469-485       444-464                 298-304           1.05-1.06x
+//     causal           442-459       426-445                 278-279           1.03-1.04x
+//   1,8,512,64         10.6-10.8 us  11.0 us                 14.5 us           0.97x of SDPA's time
 // Short sequences: nothing special. 1,8,512,64 is 32 CTAs of 128 rows on 132 SMs, each running 4 tiles end to
-// end, so latency (TMA round trips, 4 dependent tile steps) sets its 11.3 us; v11's split-key short kernel
-// (8.8 us) stays the fastest rung there, and the 0.6x-of-SDPA target is not met by either.
+// end, so latency (TMA round trips, 4 dependent tile steps) sets its 10.7 us; v11's split-key short kernel
+// (8.1 us) stays the fastest rung there, and the 0.6x-of-SDPA target is not met by either.
 //
 // Where the time goes at D=64 (ncu, 2,16,4096,64, first version): 60% issue slots busy against cuDNN's 51%,
 // the ALU pipe the busiest; the masked/unmasked split and the ones columns took the tile from 810 to ~520
