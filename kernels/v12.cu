@@ -20,7 +20,7 @@
 //
 // Configuration: 128 keys per K/V tile; D=64 takes 3 consumer warpgroups (192 rows) once the grid of 192-row
 // tiles fills 8 waves, else 2; D=128 takes 2 (its 193 KB of shared memory leaves no room for a third).
-// ptxas (nvcc 13.0, sm_90a; 0 spills, 0 stack, 1 CTA/SM):
+// ptxas (nvcc 13.0, sm_90a; 0 spills, 0 stack, 1 CTA/SM; the __half and __nv_bfloat16 kernels alike):
 //   v12_fwd<64, 128, 2>   168 regs at entry (producer 24, consumers 240)  113.1 KB dynamic smem, 384 threads
 //   v12_fwd<64, 128, 3>   128 regs at entry (producer 32, consumers 160)  121.1 KB, 512 threads
 //   v12_fwd<128, 128, 2>  168 regs at entry (producer 24, consumers 240)  193.1 KB, 384 threads
@@ -34,8 +34,8 @@
 //     causal           345           365                     230               0.95x
 //   2,16,4096,128      607-623       639-655                 340-346           0.95x (bf16 629 vs 661: 0.95x)
 //     causal           513           515                     267               1.00x
-//   1,16,16384,64      469-485       444-464                 298-304           1.05-1.06x
-//     causal           442-459       426-445                 278-279           1.03-1.04x
+//   1,16,16384,64      469           444                     298               1.06x (bf16 485 vs 464)
+//     causal           442           426                     278               1.04x (bf16 459 vs 445)
 //   1,8,512,64         10.6-10.8 us  11.0 us                 14.5 us           0.97x of SDPA's time
 // Short sequences: nothing special. 1,8,512,64 is 32 CTAs of 128 rows on 132 SMs, each running 4 tiles end to
 // end, so latency (TMA round trips, 4 dependent tile steps) sets its 10.7 us; v11's split-key short kernel
