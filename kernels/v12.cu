@@ -272,8 +272,9 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
   fc::setmaxnreg_inc<Cfg::kConsumerRegs>();
   const int g = warpgroup - 1;
   const int tid = threadIdx.x % fc::kWarpgroupThreads;
-  const int row0 = m_block * kBlockM + 64 * g + 16 * (tid / 32) + (tid % 32) / 4;  // and row0 + 8
-  const int first_row = m_block * kBlockM + 64 * g;
+  const int first_row = m_block * kBlockM + 64 * g;             // this warpgroup's first query row
+  const int r_local = 16 * (tid / 32) + (tid % 32) / 4;          // this thread's rows in it: r_local, r_local + 8
+  const int row0 = first_row + r_local;
   const float c = p.scale * 1.4426950408889634f;  // exp(x) = exp2(x * log2(e))
   // Descriptors: Q_i's rows of this warpgroup (panel 0, row 64g), and each ring slot's K_j and V_j.
   const uint64_t desc_q = fc::wgmma_desc_sw128(q_tile + 64 * g * 64, 16, 1024);
@@ -372,7 +373,6 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
     inv_l[h] = l > 0.f ? 1.f / l : 0.f;
   }
   unsigned char* rows_base = reinterpret_cast<unsigned char*>(q_tile) + 64 * g * 128;
-  const int r_local = 16 * (tid / 32) + (tid % 32) / 4;
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j) {
     const int col = 8 * j + 2 * (tid % 4);
