@@ -308,3 +308,15 @@ def test_bench_in_every_mode_on_a_small_shape(tmp_path):
             assert len(row["samples_us"]) == 100 and min(row["samples_us"]) > 0
             assert row["speedup_vs_sdpa"] > 0
         assert rows["baseline"]["key"]
+
+
+def test_math_reference_skipped_where_its_scores_would_not_fit():
+    from flashcore_cli.measure.references import MATH_SCORE_LIMIT_BYTES, math_skip_reason
+
+    assert math_skip_reason((2, 16, 4096, 64)) == ""  # 2 GiB of scores: timed
+    assert MATH_SCORE_LIMIT_BYTES == 4 << 30
+    reason = math_skip_reason((1, 16, 16384, 64))
+    assert "16.0 GiB" in reason and "limit 4 GiB" in reason
+    # exactly the limit (4 GiB of scores) is still timed, twice that is not
+    assert math_skip_reason((1, 1, 32768, 64)) == ""
+    assert math_skip_reason((1, 2, 32768, 64)) != ""

@@ -5,6 +5,19 @@ from __future__ import annotations
 
 
 SDPA_DEFAULT = "sdpa"
+# The math backend materialises the fp32 score matrix, B * H * S * S * 4 bytes, in every call; past this
+# it is skipped (at 1,16,16384,64 it would be 16 GiB a call, and minutes of bench for a row nobody reads).
+MATH_SCORE_LIMIT_BYTES = 4 << 30
+
+
+def math_skip_reason(shape) -> str:
+    """Why the sdpa-math row is not timed at this (B, H, S, D) shape, or "" when it is."""
+    b, h, s, _ = shape
+    score_bytes = b * h * s * s * 4
+    if score_bytes <= MATH_SCORE_LIMIT_BYTES:
+        return ""
+    return (f"the math backend would materialise {score_bytes / 2**30:.1f} GiB of fp32 scores per call "
+            f"(limit {MATH_SCORE_LIMIT_BYTES / 2**30:.0f} GiB)")
 
 
 def reference_functions(q, k, v, causal: bool):
@@ -24,6 +37,9 @@ def reference_functions(q, k, v, causal: bool):
         ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
         ("sdpa-math", SDPBackend.MATH),
     ):
+        if backend == SDPBackend.MATH and (why := math_skip_reason(tuple(q.shape))):
+            rows.append((label, None, None, why))
+            continue
         # the backend is pinned around the whole timing loop, not inside each timed call
         rows.append((label, sdpa, sdpa_kernel([backend]), ""))
 
