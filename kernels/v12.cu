@@ -54,7 +54,11 @@
 //   - 3 consumer warpgroups at 2,16,4096,64: 423 vs 418, causal 336 vs 343 (a third of a wave idle): kept for
 //     long grids only.
 // Next: a persistent grid that loads tile i+1's Q and first K during tile i's last steps and epilogue.
+#include <algorithm>
+#include <functional>
+#include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "flashcore.h"
 #include "hopper.cuh"
@@ -98,6 +102,43 @@ struct Barriers {
 struct Maps {
   CUtensorMap q, k, v, o;
 };
+
+// The grid's work items. Plain grid (small == 0): x = query tile of kBlockM rows, y = batch * head. Mixed grid
+// (D = 64, three consumers): a 1-D grid of `big` items of kBlockM rows per head, every head's, then `small`
+// items of kBlockM - 64 rows per head run by one consumer fewer; the block scheduler hands CTAs out in order,
+// so the small items fill the last wave.
+struct Items {
+  int big, small;  // items per head
+};
+
+// One CTA's item: its head, first query row and how many consumers have rows in it (64 each, at most 3).
+struct Item {
+  int bh, m0, consumers;
+};
+
+template <int kBlockM>
+__device__ __forceinline__ Item cta_item(const FlashcoreParams& p, Items items) {
+  Item it;
+  int rows = kBlockM;
+  if (items.small == 0) {  // longest causal rows first: blockIdx.x = 0 takes the last query tile
+    const int m_block = p.causal ? items.big - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
+    it.bh = blockIdx.y;
+    it.m0 = m_block * kBlockM;
+  } else {
+    const int big_ctas = items.big * p.batch * p.heads;
+    const int x = blockIdx.x;
+    if (x < big_ctas) {
+      it.bh = x / items.big;
+      it.m0 = (x % items.big) * kBlockM;
+    } else {
+      rows = kBlockM - 64;
+      it.bh = (x - big_ctas) / items.small;
+      it.m0 = items.big * kBlockM + ((x - big_ctas) % items.small) * rows;
+    }
+  }
+  it.consumers = min(rows, p.seq_len - it.m0 + 63) / 64;  // a consumer whose 64 rows all lie past S has no work
+  return it;
+}
 
 // Row state of one thread: it owns rows r and r + 8 of its warp's 16 (see hopper.cuh's fragment layout).
 struct RowState {
@@ -205,7 +246,7 @@ __device__ __forceinline__ void release(uint64_t* bar) {
 
 template <int kHeadDim, int kBlockN, int kConsumers, typename T>
 __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThreads, 1)
-    v12_fwd(const FlashcoreParams p, const __grid_constant__ Maps maps) {
+    v12_fwd(const FlashcoreParams p, const __grid_constant__ Maps maps, const Items items) {
   using Cfg = Config<kHeadDim, kBlockN, kConsumers>;
   constexpr int kBlockM = Cfg::kBlockM;
   extern __shared__ unsigned char smem_raw[];
@@ -215,12 +256,10 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
   __half* v_tiles = reinterpret_cast<__half*>(smem + Cfg::kVOffset);
   Barriers& bars = *reinterpret_cast<Barriers*>(smem + Cfg::kBarOffset);
 
-  // Longest causal rows first: blockIdx.x = 0 takes the last query tile.
-  const int num_m = fc::ceil_div(p.seq_len, kBlockM);
-  const int m_block = p.causal ? num_m - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
-  const int bh = blockIdx.y;
+  const Item item = cta_item<kBlockM>(p, items);
+  const int bh = item.bh, consumers = item.consumers;
   const int num_n_all = fc::ceil_div(p.seq_len, kBlockN);
-  const int num_n = p.causal ? min(num_n_all, fc::ceil_div((m_block + 1) * kBlockM, kBlockN)) : num_n_all;
+  const int num_n = p.causal ? min(num_n_all, fc::ceil_div(item.m0 + 64 * consumers, kBlockN)) : num_n_all;
 
   const int warpgroup = threadIdx.x / fc::kWarpgroupThreads;
   if (threadIdx.x == 0) {
@@ -228,8 +267,8 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
     for (int s = 0; s < kStages; ++s) {
       fc::mbarrier_init(&bars.k_full[s], 1);
       fc::mbarrier_init(&bars.v_full[s], 1);
-      fc::mbarrier_init(&bars.k_empty[s], 4 * kConsumers);
-      fc::mbarrier_init(&bars.v_empty[s], 4 * kConsumers);
+      fc::mbarrier_init(&bars.k_empty[s], 4 * consumers);
+      fc::mbarrier_init(&bars.v_empty[s], 4 * consumers);
     }
     fc::fence_mbarrier_init();
   }
@@ -253,7 +292,7 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
       fc::tma_prefetch_descriptor(&maps.v);
       fc::tma_prefetch_descriptor(&maps.o);
       fc::mbarrier_arrive_expect_bytes(&bars.q_full, Cfg::kQBytes);
-      fc::tma_load_4d(q_tile, &maps.q, 0, m_block * kBlockM, 0, bh, &bars.q_full);
+      fc::tma_load_4d(q_tile, &maps.q, 0, item.m0, 0, bh, &bars.q_full);
       for (int n = 0; n < num_n; ++n) {
         const int s = n % kStages;
         const uint32_t lap = (n / kStages) & 1;
@@ -271,8 +310,9 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
   // ---- consumers: warpgroup g owns query rows 64g .. 64g + 63 of the tile ----
   fc::setmaxnreg_inc<Cfg::kConsumerRegs>();
   const int g = warpgroup - 1;
+  if (g >= consumers) return;  // no rows of this item: no barrier counts this warpgroup
   const int tid = threadIdx.x % fc::kWarpgroupThreads;
-  const int first_row = m_block * kBlockM + 64 * g;             // this warpgroup's first query row
+  const int first_row = item.m0 + 64 * g;             // this warpgroup's first query row
   const int r_local = 16 * (tid / 32) + (tid % 32) / 4;          // this thread's rows in it: r_local, r_local + 8
   const int row0 = first_row + r_local;
   const float c = p.scale * 1.4426950408889634f;  // exp(x) = exp2(x * log2(e))
@@ -282,7 +322,14 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
   const uint64_t desc_v0 = fc::wgmma_desc_sw128(v_tiles, kBlockN * 128, 1024);
   constexpr uint64_t kKSlotStep = Cfg::kKVBytes >> 4;  // one ring slot further, in descriptor units
   constexpr uint64_t kVSlotStep = Cfg::kVSlotBytes >> 4;
-  const int my_turn = kSchedBarrier + g, next_turn = kSchedBarrier + (g + 1) % kConsumers;
+  // Ping-pong turns between the item's consumers (a lone consumer takes every turn without a barrier).
+  const int my_turn = kSchedBarrier + g, next_turn = kSchedBarrier + (g + 1) % consumers;
+  auto take_turn = [&] {
+    if (consumers > 1) fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
+  };
+  auto pass_turn = [&] {
+    if (consumers > 1) fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);
+  };
 
   float o[Cfg::kOCols / 2];  // O_i's fragment, then the l columns
 #pragma unroll
@@ -308,15 +355,15 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
 
   // Ping-pong: the consumers take turns issuing GEMMs (named barriers my_turn / next_turn), so one's
   // softmax runs while the other's GEMMs do. Consumer 1 lets consumer 0 go first.
-  if (g == kConsumers - 1) fc::named_barrier_arrive(kSchedBarrier, 2 * fc::kWarpgroupThreads);
+  if (g == consumers - 1) pass_turn();
 
   fc::mbarrier_wait_parity(&bars.q_full, 0);
   // Tile 0: S = Q_i K_0^T, then its softmax.
   fc::mbarrier_wait_parity(&bars.k_full[0], 0);
-  fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
+  take_turn();
   gemm_qk<T, kHeadDim, kBlockN, kBlockM>(s, desc_q, desc_k0);
   fc::wgmma_fence_operands(s);
-  fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);
+  pass_turn();
   fc::wgmma_wait<0>();
   fc::wgmma_fence_operands(s);
   release(&bars.k_empty[0]);
@@ -327,13 +374,13 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
     const int sk = n % kStages, sv = (n - 1) % kStages;
     // Issue S_next = Q_i K_n^T, then O += P V_{n-1}; the softmax of S_next overlaps P V_{n-1}.
     fc::mbarrier_wait_parity(&bars.k_full[sk], (n / kStages) & 1);
-    fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
+    take_turn();
     gemm_qk<T, kHeadDim, kBlockN, kBlockM>(s, desc_q, desc_k0 + sk * kKSlotStep);
     fc::wgmma_fence_operands(s);
     fc::mbarrier_wait_parity(&bars.v_full[sv], ((n - 1) / kStages) & 1);
     gemm_pv<T, Cfg::kOCols, kBlockN>(o, pa, desc_v0 + sv * kVSlotStep);
     fc::wgmma_fence_operands(o);
-    fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);
+    pass_turn();
     fc::wgmma_wait<1>();  // S_next has landed; P V may still run
     fc::wgmma_fence_operands(s);
     release(&bars.k_empty[sk]);
@@ -355,10 +402,10 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
   // The last tile's O += P V.
   const int sv = (num_n - 1) % kStages;
   fc::mbarrier_wait_parity(&bars.v_full[sv], ((num_n - 1) / kStages) & 1);
-  fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
+  take_turn();
   gemm_pv<T, Cfg::kOCols, kBlockN>(o, pa, desc_v0 + sv * kVSlotStep);
   fc::wgmma_fence_operands(o);
-  if (g + 1 < kConsumers) fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);  // the last turn passes none on
+  if (g + 1 < consumers) pass_turn();  // the last turn passes none on
   fc::wgmma_wait<0>();
   fc::wgmma_fence_operands(o);
   fc::wgmma_fence_operands(pa);
@@ -390,7 +437,7 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
   if (tid == 0 && first_row < p.seq_len) {
 #pragma unroll
     for (int panel = 0; panel < Cfg::kPanels; ++panel) {
-      fc::tma_store_4d(&maps.o, 0, m_block * kBlockM + 64 * g, panel, bh, rows_base + panel * kBlockM * 128);
+      fc::tma_store_4d(&maps.o, 0, first_row, panel, bh, rows_base + panel * kBlockM * 128);
     }
     fc::tma_store_commit();
     fc::tma_store_wait_read<0>();
@@ -398,7 +445,7 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
 }
 
 template <int kHeadDim, int kBlockN, int kConsumers, typename T>
-const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
+const char* launch(const FlashcoreParams& p, Items items, cudaStream_t stream) {
   using Cfg = Config<kHeadDim, kBlockN, kConsumers>;
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr CUtensorMapDataType kType =
@@ -413,21 +460,19 @@ const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
       !fc::encode_panel_map(&maps.o, kType, p.o, bh, p.seq_len, kHeadDim, 64, 1)) {
     return fc::message("v12: the driver refused a TMA tensor map (is the driver new enough, the tensor 16-byte aligned?)");
   }
-  const dim3 grid(fc::ceil_div(p.seq_len, kBlockM), bh);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps);
+  const dim3 grid = items.small == 0 ? dim3(items.big, bh) : dim3((items.big + items.small) * bh);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps, items);
   return fc::launch_status();
 }
 
 // Tiles: 128 keys per K/V tile everywhere (192 measured 394 vs 418 TFLOP/s at 2,16,4096,64; 176 at D = 128
-// does not fit next to the ones panels). D = 64 takes three consumer warpgroups (192 query rows) once the grid
-// fills 8 waves: 456 vs 435 TFLOP/s at 1,16,16384,64, while at 2,16,4096,64 the 192-row tiles leave a
-// third of a wave idle (423 vs 418, causal 336 vs 343).
+// does not fit next to the ones panels).
 constexpr int kKeysPerTile = 128;
 using Cfg64 = Config<64, kKeysPerTile, 2>;
 using Cfg64Wide = Config<64, kKeysPerTile, 3>;
 using Cfg128 = Config<128, kKeysPerTile, 2>;
 
-static bool wide_tiles_pay(const FlashcoreParams& p) {
+static int sm_count() {
   static const int sms = [] {
     int device = 0, count = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
@@ -437,8 +482,63 @@ static bool wide_tiles_pay(const FlashcoreParams& p) {
     }
     return count;
   }();
-  const long tiles = static_cast<long>(fc::ceil_div(p.seq_len, Cfg64Wide::kBlockM)) * p.batch * p.heads;
-  return tiles >= 8L * sms;
+  return sms;
+}
+
+// D = 64's grid. Three consumers (192 rows) do more per SM than two: a 192-row item takes ~1.33x a 128-row
+// one (measured 1.32-1.37x), but 192-row items quantize the grid into fewer, longer waves. So the grid is
+// chosen by replaying the block scheduler: items go, in grid order, to whichever SM frees first; the plan
+// whose last SM finishes first wins (ties: the plain 2-consumer grid). Candidates: plain grids of 128 or 192
+// rows, and mixed grids that end every head with k more 128-row items instead of its last 192-row ones.
+struct Plan {
+  int consumers;  // 2 or 3: the kernel
+  Items items;
+};
+
+static double items_makespan(const FlashcoreParams& p, int block_m, Items items, int sms) {
+  static constexpr double kCost[4] = {0.0, 0.7, 1.0, 1.33};  // by consumers with rows, in 128-row item times
+  std::vector<double> free_at(sms, 0.0);                     // a min-heap of the SMs' finish times
+  auto run = [&](int m0, int rows) {
+    const int consumers = std::min(rows, p.seq_len - m0 + 63) / 64;
+    std::pop_heap(free_at.begin(), free_at.end(), std::greater<double>());
+    free_at.back() += kCost[consumers];
+    std::push_heap(free_at.begin(), free_at.end(), std::greater<double>());
+  };
+  const int bh = p.batch * p.heads;
+  for (int h = 0; h < bh; ++h)
+    for (int i = 0; i < items.big; ++i) run(i * block_m, block_m);
+  for (int h = 0; h < bh; ++h)
+    for (int i = 0; i < items.small; ++i) run(items.big * block_m + i * (block_m - 64), block_m - 64);
+  return *std::max_element(free_at.begin(), free_at.end());
+}
+
+static Plan plan_d64(const FlashcoreParams& p) {
+  const int sms = sm_count();
+  const long bh = static_cast<long>(p.batch) * p.heads;
+  const int tiles128 = fc::ceil_div(p.seq_len, 128), tiles192 = fc::ceil_div(p.seq_len, 192);
+  Plan plain2 = {2, {tiles128, 0}}, plain3 = {3, {tiles192, 0}};
+  if (p.causal) return tiles192 * bh >= 8L * sms ? plain3 : plain2;  // causal: 336 vs 343 TFLOP/s at 4096 rows
+  if (bh * tiles128 > 24L * sms) return plain3;  // 24+ waves: quantization is noise, 192 rows win per SM
+  // The last plan asked for, kept: the replay costs ~0.1 ms, longer than a short kernel.
+  static std::mutex mutex;
+  static long last_key[3] = {-1, -1, -1};
+  static Plan last_plan;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (last_key[0] == bh && last_key[1] == p.seq_len && last_key[2] == sms) return last_plan;
+  Plan best = plain2;
+  double best_time = items_makespan(p, 128, plain2.items, sms);
+  auto consider = [&](Plan plan) {
+    const double t = items_makespan(p, 192, plan.items, sms);
+    if (t < best_time - 1e-9) best = plan, best_time = t;
+  };
+  consider(plain3);
+  for (int k = 1; k <= 8 && p.seq_len / 192 - k >= 1; ++k) {
+    const int big = p.seq_len / 192 - k;
+    consider({3, {big, fc::ceil_div(p.seq_len - 192 * big, 128)}});
+  }
+  last_key[0] = bh, last_key[1] = p.seq_len, last_key[2] = sms;
+  last_plan = best;
+  return best;
 }
 
 int flashcore_dtypes() { return (1 << kFlashcoreFloat16) | (1 << kFlashcoreBFloat16); }
@@ -462,9 +562,12 @@ int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
 template <typename T>
 static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
-    case 64:
-      return wide_tiles_pay(p) ? launch<64, kKeysPerTile, 3, T>(p, stream) : launch<64, kKeysPerTile, 2, T>(p, stream);
-    case 128: return launch<128, kKeysPerTile, 2, T>(p, stream);
+    case 64: {
+      const Plan plan = plan_d64(p);
+      return plan.consumers == 3 ? launch<64, kKeysPerTile, 3, T>(p, plan.items, stream)
+                                 : launch<64, kKeysPerTile, 2, T>(p, plan.items, stream);
+    }
+    case 128: return launch<128, kKeysPerTile, 2, T>(p, {fc::ceil_div(p.seq_len, 128), 0}, stream);
     default: return fc::unsupported_head_dim(p.head_dim);
   }
 }
