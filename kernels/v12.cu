@@ -1,25 +1,25 @@
-// v12.cu — FlashAttention-3 on Hopper (sm_90a): TMA, wgmma and warp-specialized warpgroups.
+// v12.cu — FlashAttention-3 on Hopper (sm_90a): TMA, wgmma, warp-specialized warpgroups, persistent CTAs.
 //
-// Idea: a CTA owns 128 (or 192) query rows. One producer thread streams Q_i once, then K_j and V_j by TMA
-// (cp.async.bulk.tensor, 128-byte swizzle) into a 2-slot ring on full/empty mbarriers. Two (or three) consumer
-// warpgroups own 64 rows each and run both GEMMs on wgmma: S = Q K^T with both operands read from shared
-// memory through descriptors, O += P V with P straight from the S accumulators (packed to fp16 A fragments, no
-// shuffles) and V read transposed. setmaxnreg moves registers from the producer (24) to the consumers (240).
-// Two overlaps hide the softmax: ping-pong (named barriers give the consumers turns, so one's exp2 runs while
-// the other's GEMMs do) and intra-warpgroup (S_{j+1} = Q K_{j+1}^T is issued with P_j V_j, and the softmax of
-// S_{j+1} runs while P_j V_j is still in flight). The epilogue writes O into the consumer's own rows of the Q
-// tile (same swizzled panels) and stores it by TMA, which clips rows past S. Primitives: hopper.cuh, tma.cuh.
+// Idea: one persistent CTA per SM deals out work items of 128 (or 192) query rows. One producer thread streams
+// each item's Q_i, then K_j and V_j by TMA (cp.async.bulk.tensor, 128-byte swizzle) into a 2-slot ring on
+// full/empty mbarriers. Two (or three) consumer warpgroups own 64 rows each and run both GEMMs on wgmma: S = Q K^T
+// from shared memory through descriptors, O += P V with P straight from the S accumulators (packed to fp16 A
+// fragments, no shuffles) and V read transposed. setmaxnreg moves registers from the producer to the consumers.
+// Overlaps: ping-pong (named barriers give the consumers turns, so one's exp2 runs while another's GEMMs do),
+// intra-warpgroup (S_{j+1} is issued with P_j V_j and its softmax runs while P_j V_j is in flight), and across
+// items (the next Q_i loads once every consumer's last S has landed, during the last P V and the stores, which go
+// from registers straight to global memory). Primitives: hopper.cuh, tma.cuh.
 //
 // Change from v11 (mma.sync, every warp loads and computes): wgmma (HGMMA) instead of HMMA + ldmatrix, TMA
-// instead of cp.async, and producer/consumer roles (the seeds' v9 and v10 ideas) on the hardware made for them.
-// l is not summed on the FMA pipe: a panel of fp16 ones follows each V slot and P V reads it as 8 more columns,
-// so O's columns D..D+7 accumulate l from the same fp16 P as the numerator. That makes one-hot and uniform rows
-// exact (q = k = v = randn * 30: error 0, where the FFMA exponent alone gave 0.0625) and removed 64 FADDs a tile.
-// Causal: tiles past a CTA's last row are never loaded; only tiles that cross the diagonal (or S) are masked,
-// in a second copy of the softmax, so unmasked tiles run no index arithmetic; heaviest query tiles launch first.
+// instead of cp.async, producer/consumer roles (the seeds' v9 and v10 ideas) on the hardware made for them.
+// l rides in P V: a panel of fp16 ones follows each V slot and P V reads it as 8 more columns, so l sums the same
+// fp16 P as the numerator: one-hot and uniform rows are exact (q = k = v = randn * 30: error 0) with no FADDs.
+// Causal: tiles past an item's last row are never loaded; only tiles crossing the diagonal (or S) are masked, in
+// a second copy of the softmax. The item list goes longest first and is dealt in snake order (item_at).
 //
-// Configuration: 128 keys per K/V tile; D=64 takes 3 consumer warpgroups (192 rows) once the grid of 192-row
-// tiles fills 8 waves, else 2; D=128 takes 2 (its 193 KB of shared memory leaves no room for a third).
+// Configuration: 128 keys per K/V tile. D=128: 2 consumers (193 KB of shared memory). D=64: 2 or 3 consumers,
+// and with 3 the list may end each head with 128-row items run by two: plan_d64 replays the rounds for each
+// candidate list and keeps the one whose busiest CTA finishes first.
 // ptxas (nvcc 13.0, sm_90a; 0 spills, 0 stack, 1 CTA/SM; the __half and __nv_bfloat16 kernels alike):
 //   v12_fwd<64, 128, 2>   168 regs at entry (producer 24, consumers 240)  113.1 KB dynamic smem, 384 threads
 //   v12_fwd<64, 128, 3>   128 regs at entry (producer 32, consumers 160)  121.1 KB, 512 threads
@@ -27,33 +27,35 @@
 //
 // Run:  flashcore test v12 && flashcore bench v12 --shape 2,16,4096,128 && flashcore sass v12
 //
-// Measured (H200, L2 flushed; 4096 rows: `flashcore bench`, record docs/results/h200.json, and one more bench
-// run; 16384 rows: the development harness's events, same flush, one run):
-//   shape              v12 TFLOP/s   SDPA default (cuDNN)   SDPA flash (FA2)   v12 / cuDNN
-//   2,16,4096,64       418-421       458-462                 292               0.91x
-//     causal           345           365                     230               0.95x
-//   2,16,4096,128      607-623       639-655                 340-346           0.95x (bf16 629 vs 661: 0.95x)
-//     causal           513           515                     267               1.00x
-//   1,16,16384,64      469           444                     298               1.06x (bf16 485 vs 464)
-//     causal           442           426                     278               1.04x (bf16 459 vs 445)
-//   1,8,512,64         10.6-10.8 us  11.0 us                 14.5 us           0.97x of SDPA's time
-// Short sequences: nothing special. 1,8,512,64 is 32 CTAs of 128 rows on 132 SMs, each running 4 tiles end to
-// end, so latency (TMA round trips, 4 dependent tile steps) sets its 10.7 us; v11's split-key short kernel
-// (8.1 us) stays the fastest rung there, and the 0.6x-of-SDPA target is not met by either.
+// Measured (H200, `flashcore bench`, L2 flushed, cold mode, one run per shape, record docs/results/h200.json):
+//   shape              v12 TFLOP/s   SDPA default (cuDNN)   SDPA flash (FA2)   v12 / SDPA default
+//   2,16,4096,64       488           459                     294               1.07x
+//     causal           389           367                     231               1.06x
+//   2,16,4096,128      650           649                     351               1.00x
+//     causal           574           518                     273               1.11x
+//   1,16,16384,64      520           472                     306               1.10x
+//     causal           503           453                     280               1.11x
+//   1,8,512,64         11.2 us       10.9 us                 13.8 us           0.97x of SDPA's time
+// Steps (TFLOP/s at 2,16,4096,64 | causal | 2,16,4096,128 | causal, bench runs beside the step before):
+//   one CTA per 128-row tile (3 consumers, 192 rows, once 8 waves): 421 | 348 | 630 | 513 (the record's)
+//   + D=64 lists of 192- and 128-row items (block scheduler fills the last wave): 449 | 345 | 634 | 526
+//   + persistent CTAs, next Q_i during the epilogue, stores from registers: 482-486 | 350 | 657 | 520
+//   + every consumer takes every turn (the ring changing members hung 3,16,3000,64): 490 | 345 | 650 | 523
+//   + snake rounds (causal: the busiest CTA's load 144 -> 128 tiles): 488 | 389 | 650 | 574
+// Short sequences: nothing special. 1,8,512,64 is 32 items of 128 rows on 132 SMs, each 4 tiles end to end,
+// so latency (TMA round trips, 4 dependent tile steps) sets its 11 us; v11's split-key short kernel (8.1 us)
+// stays the fastest rung there, and the 0.6x-of-SDPA target is not met (docs/ladder.md: the floor).
 //
-// Where the time goes at D=64 (ncu, 2,16,4096,64, first version): 60% issue slots busy against cuDNN's 51%,
-// the ALU pipe the busiest; the masked/unmasked split and the ones columns took the tile from 810 to ~520
-// SASS instructions. What remains at 4096 is per-CTA start-up (Q and the first K land before any GEMM; each
-// CTA runs ~40 us) and 64-key-wide softmax work per wgmma at D=64: MUFU and tensor demand are equal there.
+// Where the time went at D=64 (ncu, first version): ALU the busiest pipe, 60% issue slots busy against cuDNN's
+// 51%; the masked/unmasked split and the ones columns took the tile from 810 to ~520 SASS instructions. A 192-row
+// item takes 1.32-1.37x a 128-row one (3 consumers keep the tensor pipe fed through the softmax), which is why
+// D=64 prefers them once the rounds come out even.
 //
 // Tried and not kept (TFLOP/s, same run as the baseline beside it):
-//   - exponent exact by rounding S * c first (FMUL + FADD per element): 379 vs 396 at D=64, 565 vs 606 at D=128;
-//     the ones columns give exactness for free instead.
+//   - exponent exact by rounding S * c first (FMUL + FADD per element): 379 vs 396 at D=64, 565 vs 606 at D=128.
 //   - 192 keys per tile at D=64: 394 vs 418; 176 at D=128: 541 vs 540 (and no room next to the ones panels).
 //   - 3 K/V slots at D=64: 408 vs 420 (2,16,4096,64), 454 vs 469 (1,16,16384,64).
-//   - 3 consumer warpgroups at 2,16,4096,64: 423 vs 418, causal 336 vs 343 (a third of a wave idle): kept for
-//     long grids only.
-// Next: a persistent grid that loads tile i+1's Q and first K during tile i's last steps and epilogue.
+//   - 3 consumers at causal 2,16,4096,64 (one CTA per tile): 336 vs 343.
 #include <algorithm>
 #include <functional>
 #include <mutex>
@@ -64,7 +66,7 @@
 #include "hopper.cuh"
 
 constexpr int kStages = 2;  // K and V tiles in flight, each (3 at D = 64: 408 vs 420 TFLOP/s at 2,16,4096,64)
-constexpr int kSchedBarrier = 1;  // named barriers 1 .. kConsumers: the consumers' GEMM turns; then one per consumer
+constexpr int kSchedBarrier = 1;  // named barriers 1 .. kConsumers: the consumers' GEMM turns
 
 template <int kHeadDim, int kBlockN, int kConsumers_>
 struct Config {
@@ -75,7 +77,6 @@ struct Config {
   static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536, "register file");
-  static constexpr int kEpilogueBarrier = kSchedBarrier + kConsumers;
   static constexpr int kPanels = kHeadDim / 64;           // 128-byte panels of 64 columns per row
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or V tile
@@ -89,55 +90,67 @@ struct Config {
   static constexpr int kKOffset = kQOffset + kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
   static constexpr int kBarOffset = kVOffset + kStages * kVSlotBytes;
-  static constexpr int kSmemBytes = kBarOffset + 8 * (1 + 4 * kStages) + 1024;  // + alignment slack
+  static constexpr int kSmemBytes = kBarOffset + 8 * (2 + 4 * kStages) + 1024;  // + alignment slack
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles keep the 1024-byte swizzle alignment");
 };
 
 struct Barriers {
-  uint64_t q_full;
+  uint64_t q_full, q_empty;
   uint64_t k_full[kStages], k_empty[kStages];
   uint64_t v_full[kStages], v_empty[kStages];
 };
 
 struct Maps {
-  CUtensorMap q, k, v, o;
+  CUtensorMap q, k, v;
 };
 
-// The grid's work items. Plain grid (small == 0): x = query tile of kBlockM rows, y = batch * head. Mixed grid
-// (D = 64, three consumers): a 1-D grid of `big` items of kBlockM rows per head, every head's, then `small`
-// items of kBlockM - 64 rows per head run by one consumer fewer; the block scheduler hands CTAs out in order,
-// so the small items fill the last wave.
+// The work: a list of items, `big` items of kBlockM query rows per head, every head's, then `small` items of
+// kBlockM - 64 rows per head (mixed grids only, D = 64: three consumers, so the small items run with one
+// fewer and fill the last round). The CTAs are persistent, one per SM, and deal the list out in rounds that
+// alternate direction: in round r CTA c runs item r * #CTAs + c (r even) or r * #CTAs + #CTAs - 1 - c (r odd).
+// Causal lists go longest first, so the snake pairs a CTA's heavy items with light ones (2,16,4096 causal, the
+// busiest CTA's load in 128-row tiles: 144 dealt straight, 128 by the snake, 128 the mean).
 struct Items {
   int big, small;  // items per head
 };
 
-// One CTA's item: its head, first query row and how many consumers have rows in it (64 each, at most 3).
+// One item: its head, first query row and how many consumers have rows in it (64 each).
 struct Item {
   int bh, m0, consumers;
 };
 
+__host__ __device__ __forceinline__ int snake_index(int round, int cta, int ctas) {
+  return round * ctas + ((round & 1) ? ctas - 1 - cta : cta);
+}
+
 template <int kBlockM>
-__device__ __forceinline__ Item cta_item(const FlashcoreParams& p, Items items) {
+__device__ __forceinline__ Item item_at(const FlashcoreParams& p, Items items, int index) {
+  const int heads = p.batch * p.heads;
   Item it;
   int rows = kBlockM;
-  if (items.small == 0) {  // longest causal rows first: blockIdx.x = 0 takes the last query tile
-    const int m_block = p.causal ? items.big - 1 - static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.x);
-    it.bh = blockIdx.y;
-    it.m0 = m_block * kBlockM;
-  } else {
-    const int big_ctas = items.big * p.batch * p.heads;
-    const int x = blockIdx.x;
-    if (x < big_ctas) {
-      it.bh = x / items.big;
-      it.m0 = (x % items.big) * kBlockM;
-    } else {
-      rows = kBlockM - 64;
-      it.bh = (x - big_ctas) / items.small;
-      it.m0 = items.big * kBlockM + ((x - big_ctas) % items.small) * rows;
+  if (index < items.big * heads) {
+    if (p.causal) {  // longest rows first, across every head: the last round gets the light items
+      it.m0 = (items.big - 1 - index / heads) * kBlockM;
+      it.bh = index % heads;
+    } else {  // a head's query tiles side by side: they walk its K and V together through L2
+      it.bh = index / items.big;
+      it.m0 = (index % items.big) * kBlockM;
     }
+  } else {
+    index -= items.big * heads;
+    rows = kBlockM - 64;
+    it.bh = index / items.small;
+    it.m0 = items.big * kBlockM + (index % items.small) * rows;
   }
-  it.consumers = min(rows, p.seq_len - it.m0 + 63) / 64;  // a consumer whose 64 rows all lie past S has no work
+  it.consumers = min(rows, p.seq_len - it.m0 + 63) / 64;  // a consumer whose 64 rows all lie past S sits out
   return it;
+}
+
+// K/V tiles an item reads: all of them, or (causal) those left of its last row's diagonal.
+template <int kBlockN>
+__device__ __forceinline__ int item_tiles(const FlashcoreParams& p, const Item& it) {
+  const int all = fc::ceil_div(p.seq_len, kBlockN);
+  return p.causal ? min(all, fc::ceil_div(it.m0 + 64 * it.consumers, kBlockN)) : all;
 }
 
 // Row state of one thread: it owns rows r and r + 8 of its warp's 16 (see hopper.cuh's fragment layout).
@@ -250,32 +263,27 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
   using Cfg = Config<kHeadDim, kBlockN, kConsumers>;
   constexpr int kBlockM = Cfg::kBlockM;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  __half* q_tile = reinterpret_cast<__half*>(smem + Cfg::kQOffset);
-  __half* k_tiles = reinterpret_cast<__half*>(smem + Cfg::kKOffset);
-  __half* v_tiles = reinterpret_cast<__half*>(smem + Cfg::kVOffset);
-  Barriers& bars = *reinterpret_cast<Barriers*>(smem + Cfg::kBarOffset);
+  // Everything below is derived again after each role's setmaxnreg (from the parameters and smem_raw): a
+  // value kept across it would be spilled, since the producer keeps only 24-32 registers.
+  auto smem = [] { return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023)); };
+  auto num_items = [&] { return (items.big + items.small) * p.batch * p.heads; };
 
-  const Item item = cta_item<kBlockM>(p, items);
-  const int bh = item.bh, consumers = item.consumers;
-  const int num_n_all = fc::ceil_div(p.seq_len, kBlockN);
-  const int num_n = p.causal ? min(num_n_all, fc::ceil_div(item.m0 + 64 * consumers, kBlockN)) : num_n_all;
-
-  const int warpgroup = threadIdx.x / fc::kWarpgroupThreads;
   if (threadIdx.x == 0) {
-    fc::mbarrier_init(&bars.q_full, 1);
+    Barriers& b = *reinterpret_cast<Barriers*>(smem() + Cfg::kBarOffset);
+    fc::mbarrier_init(&b.q_full, 1);
+    fc::mbarrier_init(&b.q_empty, 4 * kConsumers);
     for (int s = 0; s < kStages; ++s) {
-      fc::mbarrier_init(&bars.k_full[s], 1);
-      fc::mbarrier_init(&bars.v_full[s], 1);
-      fc::mbarrier_init(&bars.k_empty[s], 4 * consumers);
-      fc::mbarrier_init(&bars.v_empty[s], 4 * consumers);
+      fc::mbarrier_init(&b.k_full[s], 1);
+      fc::mbarrier_init(&b.v_full[s], 1);
+      fc::mbarrier_init(&b.k_empty[s], 4 * kConsumers);
+      fc::mbarrier_init(&b.v_empty[s], 4 * kConsumers);
     }
     fc::fence_mbarrier_init();
   }
   // The ones panels after each V slot, written once; the tensor cores read them
   // through the async proxy, hence the fence before the barrier.
   for (int slot = 0; slot < kStages; ++slot) {
-    uint4* ones = reinterpret_cast<uint4*>(smem + Cfg::kVOffset + slot * Cfg::kVSlotBytes + Cfg::kKVBytes);
+    uint4* ones = reinterpret_cast<uint4*>(smem() + Cfg::kVOffset + slot * Cfg::kVSlotBytes + Cfg::kKVBytes);
     for (int i = threadIdx.x; i < kBlockN * 128 / 16; i += Cfg::kThreads) {
       ones[i] = make_uint4(kOnePair<T>, kOnePair<T>, kOnePair<T>, kOnePair<T>);
     }
@@ -283,194 +291,196 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
   fc::fence_proxy_async_shared();
   __syncthreads();
 
-  if (warpgroup == 0) {
-    // ---- producer: one thread streams Q_i once, then K_j and V_j through the ring ----
+  if (threadIdx.x < fc::kWarpgroupThreads) {
+    // ---- producer: one thread streams each item's Q_i, then its K_j and V_j through the ring. Q_i of the
+    // next item goes in as soon as every consumer has issued its last S of this one (q_empty), so it lands
+    // during this item's last softmax, P V and stores ----
     fc::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) {
+      Barriers& bars = *reinterpret_cast<Barriers*>(smem() + Cfg::kBarOffset);
+      __half* q_tile = reinterpret_cast<__half*>(smem() + Cfg::kQOffset);
+      __half* k_tiles = reinterpret_cast<__half*>(smem() + Cfg::kKOffset);
+      __half* v_tiles = reinterpret_cast<__half*>(smem() + Cfg::kVOffset);
       fc::tma_prefetch_descriptor(&maps.q);
       fc::tma_prefetch_descriptor(&maps.k);
       fc::tma_prefetch_descriptor(&maps.v);
-      fc::tma_prefetch_descriptor(&maps.o);
-      fc::mbarrier_arrive_expect_bytes(&bars.q_full, Cfg::kQBytes);
-      fc::tma_load_4d(q_tile, &maps.q, 0, item.m0, 0, bh, &bars.q_full);
-      for (int n = 0; n < num_n; ++n) {
-        const int s = n % kStages;
-        const uint32_t lap = (n / kStages) & 1;
-        fc::mbarrier_wait_parity(&bars.k_empty[s], lap ^ 1);
-        fc::mbarrier_arrive_expect_bytes(&bars.k_full[s], Cfg::kKVBytes);
-        fc::tma_load_4d(k_tiles + s * (Cfg::kKVBytes / 2), &maps.k, 0, n * kBlockN, 0, bh, &bars.k_full[s]);
-        fc::mbarrier_wait_parity(&bars.v_empty[s], lap ^ 1);
-        fc::mbarrier_arrive_expect_bytes(&bars.v_full[s], Cfg::kKVBytes);
-        fc::tma_load_4d(v_tiles + s * (Cfg::kVSlotBytes / 2), &maps.v, 0, n * kBlockN, 0, bh, &bars.v_full[s]);
+      int t = 0;  // K/V tiles issued by this CTA so far: the ring's slot and lap
+      for (int round = 0, index = blockIdx.x; index < num_items(); index = snake_index(++round, blockIdx.x, gridDim.x)) {
+        const Item it = item_at<kBlockM>(p, items, index);
+        const int num_n = item_tiles<kBlockN>(p, it);
+        fc::mbarrier_wait_parity(&bars.q_empty, (round & 1) ^ 1);
+        fc::mbarrier_arrive_expect_bytes(&bars.q_full, Cfg::kQBytes);
+        fc::tma_load_4d(q_tile, &maps.q, 0, it.m0, 0, it.bh, &bars.q_full);
+        for (int n = 0; n < num_n; ++n, ++t) {
+          const int s = t % kStages;
+          const uint32_t lap = (t / kStages) & 1;
+          fc::mbarrier_wait_parity(&bars.k_empty[s], lap ^ 1);
+          fc::mbarrier_arrive_expect_bytes(&bars.k_full[s], Cfg::kKVBytes);
+          fc::tma_load_4d(k_tiles + s * (Cfg::kKVBytes / 2), &maps.k, 0, n * kBlockN, 0, it.bh, &bars.k_full[s]);
+          fc::mbarrier_wait_parity(&bars.v_empty[s], lap ^ 1);
+          fc::mbarrier_arrive_expect_bytes(&bars.v_full[s], Cfg::kKVBytes);
+          fc::tma_load_4d(v_tiles + s * (Cfg::kVSlotBytes / 2), &maps.v, 0, n * kBlockN, 0, it.bh, &bars.v_full[s]);
+        }
       }
     }
     return;
   }
 
-  // ---- consumers: warpgroup g owns query rows 64g .. 64g + 63 of the tile ----
+  // ---- consumers: warpgroup g owns query rows 64g .. 64g + 63 of each item ----
   fc::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  const int g = warpgroup - 1;
-  if (g >= consumers) return;  // no rows of this item: no barrier counts this warpgroup
+  // The warpgroup index through a shuffle: the compiler then knows it is warp-uniform and keeps it, and the
+  // item values derived from it, in uniform registers (without this, the 3-consumer kernel spilled).
+  const int g = __shfl_sync(0xffffffffu, threadIdx.x / fc::kWarpgroupThreads, 0) - 1;
+  Barriers& bars = *reinterpret_cast<Barriers*>(smem() + Cfg::kBarOffset);
+  __half* q_tile = reinterpret_cast<__half*>(smem() + Cfg::kQOffset);
+  __half* k_tiles = reinterpret_cast<__half*>(smem() + Cfg::kKOffset);
+  __half* v_tiles = reinterpret_cast<__half*>(smem() + Cfg::kVOffset);
   const int tid = threadIdx.x % fc::kWarpgroupThreads;
-  const int first_row = item.m0 + 64 * g;             // this warpgroup's first query row
-  const int r_local = 16 * (tid / 32) + (tid % 32) / 4;          // this thread's rows in it: r_local, r_local + 8
-  const int row0 = first_row + r_local;
-  const float c = p.scale * 1.4426950408889634f;  // exp(x) = exp2(x * log2(e))
+  const int r_local = 16 * (tid / 32) + (tid % 32) / 4;  // this thread's rows in the warpgroup: r_local, + 8
+  const float c = p.scale * 1.4426950408889634f;          // exp(x) = exp2(x * log2(e))
   // Descriptors: Q_i's rows of this warpgroup (panel 0, row 64g), and each ring slot's K_j and V_j.
   const uint64_t desc_q = fc::wgmma_desc_sw128(q_tile + 64 * g * 64, 16, 1024);
   const uint64_t desc_k0 = fc::wgmma_desc_sw128(k_tiles, 16, 1024);
   const uint64_t desc_v0 = fc::wgmma_desc_sw128(v_tiles, kBlockN * 128, 1024);
   constexpr uint64_t kKSlotStep = Cfg::kKVBytes >> 4;  // one ring slot further, in descriptor units
   constexpr uint64_t kVSlotStep = Cfg::kVSlotBytes >> 4;
-  // Ping-pong turns between the item's consumers (a lone consumer takes every turn without a barrier).
-  const int my_turn = kSchedBarrier + g, next_turn = kSchedBarrier + (g + 1) % consumers;
-  auto take_turn = [&] {
-    if (consumers > 1) fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
-  };
-  auto pass_turn = [&] {
-    if (consumers > 1) fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);
-  };
 
-  float o[Cfg::kOCols / 2];  // O_i's fragment, then the l columns
-#pragma unroll
-  for (int i = 0; i < Cfg::kOCols / 2; ++i) o[i] = 0.f;
-  float s[kBlockN / 2];
-  uint32_t pa[kBlockN / 16][4];
-  RowState st = {{-INFINITY, -INFINITY}};
-  float alpha[2];
-  // A tile needs the mask when it reaches past S or (causal) right of this warpgroup's first row.
-  auto needs_mask = [&](int n) {
-    const int last_col = (n + 1) * kBlockN - 1;
-    return last_col >= p.seq_len || (p.causal && last_col > first_row);
-  };
-  // Two copies of the softmax, so that the tiles that need no mask (all but the last one or two) run
-  // none of its index arithmetic: predicated off, it still took issue slots (ncu: ALU the busiest pipe).
-  auto softmax = [&](int n) {
-    if (needs_mask(n)) {
-      online_softmax<kBlockN, true>(s, st, alpha, c, row0, n * kBlockN, p.seq_len, p.causal);
-    } else {
-      online_softmax<kBlockN, false>(s, st, alpha, c, row0, n * kBlockN, p.seq_len, p.causal);
+  const int my_turn = kSchedBarrier + g, next_turn = kSchedBarrier + (g + 1) % kConsumers;
+  int t = 0;  // K/V tiles of this CTA's earlier items: tile n of this item sits in slot (t + n) % kStages
+  for (int round = 0, index = blockIdx.x; index < num_items(); index = snake_index(++round, blockIdx.x, gridDim.x)) {
+    const uint32_t q_lap = round & 1;
+    const Item it = item_at<kBlockM>(p, items, index);
+    const int num_n = item_tiles<kBlockN>(p, it);
+    auto slot = [&](int n) { return (t + n) % kStages; };
+    auto lap = [&](int n) { return static_cast<uint32_t>((t + n) / kStages) & 1; };
+    // Ping-pong: the consumers take turns issuing GEMMs (named barriers my_turn / next_turn), so one's softmax
+    // runs while another's GEMMs do. Each item starts afresh: its last consumer lets the first go first, and
+    // the last turn passes none on. Every consumer takes every turn, even with no rows in the item: a ring
+    // whose members changed from item to item let a consumer's first arrival of one item land on a barrier
+    // still counting the last item's turns (a hang at 3,16,3000,64).
+    auto take_turn = [&] { fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads); };
+    auto pass_turn = [&] { fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads); };
+    if (g == kConsumers - 1) pass_turn();
+    if (g >= it.consumers) {
+      // No rows in this item: relay the turns, and release each slot as it fills, so every barrier's count
+      // stays 4 per consumer. Waiting for each fill keeps this warpgroup within one lap of the producer.
+      fc::mbarrier_wait_parity(&bars.q_full, q_lap);
+      release(&bars.q_empty);
+      for (int n = 0; n < num_n; ++n) {
+        fc::mbarrier_wait_parity(&bars.k_full[slot(n)], lap(n));
+        take_turn();
+        pass_turn();
+        release(&bars.k_empty[slot(n)]);
+        if (n > 0) {
+          fc::mbarrier_wait_parity(&bars.v_full[slot(n - 1)], lap(n - 1));
+          release(&bars.v_empty[slot(n - 1)]);
+        }
+      }
+      fc::mbarrier_wait_parity(&bars.v_full[slot(num_n - 1)], lap(num_n - 1));
+      take_turn();
+      if (g + 1 < kConsumers) pass_turn();
+      release(&bars.v_empty[slot(num_n - 1)]);
+      t += num_n;
+      continue;
     }
-  };
+    const int first_row = it.m0 + 64 * g;  // this warpgroup's first query row
+    const int row0 = first_row + r_local;
 
-  // Ping-pong: the consumers take turns issuing GEMMs (named barriers my_turn / next_turn), so one's
-  // softmax runs while the other's GEMMs do. Consumer 1 lets consumer 0 go first.
-  if (g == consumers - 1) pass_turn();
+    float o[Cfg::kOCols / 2];  // O_i's fragment, then the l columns
+#pragma unroll
+    for (int i = 0; i < Cfg::kOCols / 2; ++i) o[i] = 0.f;
+    float s[kBlockN / 2];
+    uint32_t pa[kBlockN / 16][4];
+    RowState st = {{-INFINITY, -INFINITY}};
+    float alpha[2];
+    // A tile needs the mask when it reaches past S or (causal) right of this warpgroup's first row.
+    auto needs_mask = [&](int n) {
+      const int last_col = (n + 1) * kBlockN - 1;
+      return last_col >= p.seq_len || (p.causal && last_col > first_row);
+    };
+    // Two copies of the softmax, so that the tiles that need no mask (all but the last one or two) run
+    // none of its index arithmetic: predicated off, it still took issue slots (ncu: ALU the busiest pipe).
+    auto softmax = [&](int n) {
+      if (needs_mask(n)) {
+        online_softmax<kBlockN, true>(s, st, alpha, c, row0, n * kBlockN, p.seq_len, p.causal);
+      } else {
+        online_softmax<kBlockN, false>(s, st, alpha, c, row0, n * kBlockN, p.seq_len, p.causal);
+      }
+    };
 
-  fc::mbarrier_wait_parity(&bars.q_full, 0);
-  // Tile 0: S = Q_i K_0^T, then its softmax.
-  fc::mbarrier_wait_parity(&bars.k_full[0], 0);
-  take_turn();
-  gemm_qk<T, kHeadDim, kBlockN, kBlockM>(s, desc_q, desc_k0);
-  fc::wgmma_fence_operands(s);
-  pass_turn();
-  fc::wgmma_wait<0>();
-  fc::wgmma_fence_operands(s);
-  release(&bars.k_empty[0]);
-  softmax(0);
-  pack_p<T, kBlockN>(s, pa);
-
-  for (int n = 1; n < num_n; ++n) {
-    const int sk = n % kStages, sv = (n - 1) % kStages;
-    // Issue S_next = Q_i K_n^T, then O += P V_{n-1}; the softmax of S_next overlaps P V_{n-1}.
-    fc::mbarrier_wait_parity(&bars.k_full[sk], (n / kStages) & 1);
+    fc::mbarrier_wait_parity(&bars.q_full, q_lap);
+    // Tile 0: S = Q_i K_0^T, then its softmax.
+    fc::mbarrier_wait_parity(&bars.k_full[slot(0)], lap(0));
     take_turn();
-    gemm_qk<T, kHeadDim, kBlockN, kBlockM>(s, desc_q, desc_k0 + sk * kKSlotStep);
+    gemm_qk<T, kHeadDim, kBlockN, kBlockM>(s, desc_q, desc_k0 + slot(0) * kKSlotStep);
     fc::wgmma_fence_operands(s);
-    fc::mbarrier_wait_parity(&bars.v_full[sv], ((n - 1) / kStages) & 1);
+    pass_turn();
+    fc::wgmma_wait<0>();
+    fc::wgmma_fence_operands(s);
+    release(&bars.k_empty[slot(0)]);
+    softmax(0);
+    pack_p<T, kBlockN>(s, pa);
+
+    for (int n = 1; n < num_n; ++n) {
+      const int sk = slot(n), sv = slot(n - 1);
+      // Issue S_next = Q_i K_n^T, then O += P V_{n-1}; the softmax of S_next overlaps P V_{n-1}.
+      fc::mbarrier_wait_parity(&bars.k_full[sk], lap(n));
+      take_turn();
+      gemm_qk<T, kHeadDim, kBlockN, kBlockM>(s, desc_q, desc_k0 + sk * kKSlotStep);
+      fc::wgmma_fence_operands(s);
+      fc::mbarrier_wait_parity(&bars.v_full[sv], lap(n - 1));
+      gemm_pv<T, Cfg::kOCols, kBlockN>(o, pa, desc_v0 + sv * kVSlotStep);
+      fc::wgmma_fence_operands(o);
+      pass_turn();
+      fc::wgmma_wait<1>();  // S_next has landed; P V may still run
+      fc::wgmma_fence_operands(s);
+      release(&bars.k_empty[sk]);
+      softmax(n);
+      fc::wgmma_wait<0>();  // P V_{n-1} done: P and V_{n-1}'s slot are free
+      fc::wgmma_fence_operands(o);
+      fc::wgmma_fence_operands(pa);  // the wgmma read pa until here: keep its registers from being reused
+      release(&bars.v_empty[sv]);
+      // O = diag(alpha) O (l included)
+#pragma unroll
+      for (int j = 0; j < Cfg::kOCols / 8; ++j) {
+        o[4 * j] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+      }
+      pack_p<T, kBlockN>(s, pa);
+    }
+    release(&bars.q_empty);  // every S of this item has landed: the producer may load the next Q_i
+    // The last tile's O += P V.
+    const int sv = slot(num_n - 1);
+    fc::mbarrier_wait_parity(&bars.v_full[sv], lap(num_n - 1));
+    take_turn();
     gemm_pv<T, Cfg::kOCols, kBlockN>(o, pa, desc_v0 + sv * kVSlotStep);
     fc::wgmma_fence_operands(o);
-    pass_turn();
-    fc::wgmma_wait<1>();  // S_next has landed; P V may still run
-    fc::wgmma_fence_operands(s);
-    release(&bars.k_empty[sk]);
-    softmax(n);
-    fc::wgmma_wait<0>();  // P V_{n-1} done: P and V_{n-1}'s slot are free
+    if (g + 1 < kConsumers) pass_turn();  // the last turn passes none on
+    fc::wgmma_wait<0>();
     fc::wgmma_fence_operands(o);
-    fc::wgmma_fence_operands(pa);  // the wgmma read pa until here: keep its registers from being reused
+    fc::wgmma_fence_operands(pa);
     release(&bars.v_empty[sv]);
-    // O = diag(alpha) O (l included)
-#pragma unroll
-    for (int j = 0; j < Cfg::kOCols / 8; ++j) {
-      o[4 * j] *= alpha[0];
-      o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1];
-      o[4 * j + 3] *= alpha[1];
-    }
-    pack_p<T, kBlockN>(s, pa);
-  }
-  // The last tile's O += P V.
-  const int sv = (num_n - 1) % kStages;
-  fc::mbarrier_wait_parity(&bars.v_full[sv], ((num_n - 1) / kStages) & 1);
-  take_turn();
-  gemm_pv<T, Cfg::kOCols, kBlockN>(o, pa, desc_v0 + sv * kVSlotStep);
-  fc::wgmma_fence_operands(o);
-  if (g + 1 < consumers) pass_turn();  // the last turn passes none on
-  fc::wgmma_wait<0>();
-  fc::wgmma_fence_operands(o);
-  fc::wgmma_fence_operands(pa);
-  release(&bars.v_empty[sv]);
+    t += num_n;
 
-  // ---- epilogue: O / l -> fp16 into this warpgroup's rows of the Q tile (same swizzled panels), then a
-  // TMA store per panel; rows past S are clipped by the store ----
-  float inv_l[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float l = o[4 * (kHeadDim / 8) + 2 * h];  // every lane holds its rows' l in the ones columns
-    inv_l[h] = l > 0.f ? 1.f / l : 0.f;
-  }
-  unsigned char* rows_base = reinterpret_cast<unsigned char*>(q_tile) + 64 * g * 128;
-#pragma unroll
-  for (int j = 0; j < kHeadDim / 8; ++j) {
-    const int col = 8 * j + 2 * (tid % 4);
-    const int panel = col / 64, chunk = (col % 64) / 8, within = (col % 8) * 2;
+    // ---- epilogue: O / l rounded to T, stored from the fragments: a quad of lanes writes 16 contiguous
+    // bytes of a row per n8 chunk; rows past S are not written ----
+    const int bh = item_at<kBlockM>(p, items, index).bh;  // recomputed: one register fewer through the loop
+    T* out = reinterpret_cast<T*>(p.o) + static_cast<size_t>(bh) * p.seq_len * kHeadDim;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = r_local + 8 * h;
-      const uint32_t v2 = pack2<T>(o[4 * j + 2 * h] * inv_l[h], o[4 * j + 2 * h + 1] * inv_l[h]);
-      unsigned char* dst = rows_base + panel * kBlockM * 128 + r * 128 + ((chunk ^ (r % 8)) * 16) + within;
-      *reinterpret_cast<uint32_t*>(dst) = v2;
-    }
-  }
-  fc::fence_proxy_async_shared();
-  fc::named_barrier_sync(Cfg::kEpilogueBarrier + g, fc::kWarpgroupThreads);
-  if (tid == 0 && first_row < p.seq_len) {
+      const int row = row0 + 8 * h;
+      const float l = o[4 * (kHeadDim / 8) + 2 * h];  // every lane holds its rows' l in the ones columns
+      const float inv_l = l > 0.f ? 1.f / l : 0.f;
+      if (row < p.seq_len) {
+        uint32_t* dst = reinterpret_cast<uint32_t*>(out + static_cast<size_t>(row) * kHeadDim + 2 * (tid % 4));
 #pragma unroll
-    for (int panel = 0; panel < Cfg::kPanels; ++panel) {
-      fc::tma_store_4d(&maps.o, 0, first_row, panel, bh, rows_base + panel * kBlockM * 128);
+        for (int j = 0; j < kHeadDim / 8; ++j) dst[4 * j] = pack2<T>(o[4 * j + 2 * h] * inv_l, o[4 * j + 2 * h + 1] * inv_l);
+      }
     }
-    fc::tma_store_commit();
-    fc::tma_store_wait_read<0>();
   }
 }
-
-template <int kHeadDim, int kBlockN, int kConsumers, typename T>
-const char* launch(const FlashcoreParams& p, Items items, cudaStream_t stream) {
-  using Cfg = Config<kHeadDim, kBlockN, kConsumers>;
-  constexpr int kBlockM = Cfg::kBlockM;
-  constexpr CUtensorMapDataType kType =
-      std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const auto kernel = v12_fwd<kHeadDim, kBlockN, kConsumers, T>;
-  if (const char* err = fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes)) return err;
-  const int bh = p.batch * p.heads;
-  Maps maps;
-  if (!fc::encode_panel_map(&maps.q, kType, p.q, bh, p.seq_len, kHeadDim, kBlockM, Cfg::kPanels) ||
-      !fc::encode_panel_map(&maps.k, kType, p.k, bh, p.seq_len, kHeadDim, kBlockN, Cfg::kPanels) ||
-      !fc::encode_panel_map(&maps.v, kType, p.v, bh, p.seq_len, kHeadDim, kBlockN, Cfg::kPanels) ||
-      !fc::encode_panel_map(&maps.o, kType, p.o, bh, p.seq_len, kHeadDim, 64, 1)) {
-    return fc::message("v12: the driver refused a TMA tensor map (is the driver new enough, the tensor 16-byte aligned?)");
-  }
-  const dim3 grid = items.small == 0 ? dim3(items.big, bh) : dim3((items.big + items.small) * bh);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps, items);
-  return fc::launch_status();
-}
-
-// Tiles: 128 keys per K/V tile everywhere (192 measured 394 vs 418 TFLOP/s at 2,16,4096,64; 176 at D = 128
-// does not fit next to the ones panels).
-constexpr int kKeysPerTile = 128;
-using Cfg64 = Config<64, kKeysPerTile, 2>;
-using Cfg64Wide = Config<64, kKeysPerTile, 3>;
-using Cfg128 = Config<128, kKeysPerTile, 2>;
 
 static int sm_count() {
   static const int sms = [] {
@@ -485,11 +495,38 @@ static int sm_count() {
   return sms;
 }
 
+template <int kHeadDim, int kBlockN, int kConsumers, typename T>
+const char* launch(const FlashcoreParams& p, Items items, cudaStream_t stream) {
+  using Cfg = Config<kHeadDim, kBlockN, kConsumers>;
+  constexpr int kBlockM = Cfg::kBlockM;
+  constexpr CUtensorMapDataType kType =
+      std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const auto kernel = v12_fwd<kHeadDim, kBlockN, kConsumers, T>;
+  if (const char* err = fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes)) return err;
+  const int bh = p.batch * p.heads;
+  Maps maps;
+  if (!fc::encode_panel_map(&maps.q, kType, p.q, bh, p.seq_len, kHeadDim, kBlockM, Cfg::kPanels) ||
+      !fc::encode_panel_map(&maps.k, kType, p.k, bh, p.seq_len, kHeadDim, kBlockN, Cfg::kPanels) ||
+      !fc::encode_panel_map(&maps.v, kType, p.v, bh, p.seq_len, kHeadDim, kBlockN, Cfg::kPanels)) {
+    return fc::message("v12: the driver refused a TMA tensor map (is the driver new enough, the tensor 16-byte aligned?)");
+  }
+  const int num_items = (items.big + items.small) * bh;
+  kernel<<<std::min(num_items, sm_count()), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps, items);
+  return fc::launch_status();
+}
+
+// Tiles: 128 keys per K/V tile everywhere (192 measured 394 vs 418 TFLOP/s at 2,16,4096,64; 176 at D = 128
+// does not fit next to the ones panels).
+constexpr int kKeysPerTile = 128;
+using Cfg64 = Config<64, kKeysPerTile, 2>;
+using Cfg64Wide = Config<64, kKeysPerTile, 3>;
+using Cfg128 = Config<128, kKeysPerTile, 2>;
+
 // D = 64's grid. Three consumers (192 rows) do more per SM than two: a 192-row item takes ~1.33x a 128-row
-// one (measured 1.32-1.37x), but 192-row items quantize the grid into fewer, longer waves. So the grid is
-// chosen by replaying the block scheduler: items go, in grid order, to whichever SM frees first; the plan
-// whose last SM finishes first wins (ties: the plain 2-consumer grid). Candidates: plain grids of 128 or 192
-// rows, and mixed grids that end every head with k more 128-row items instead of its last 192-row ones.
+// one (measured 1.32-1.37x), but 192-row items quantize the work into fewer, longer rounds. So the item list
+// is chosen by replaying the persistent CTAs' rounds (snake_index) with those costs: the
+// plan whose busiest CTA finishes first wins (ties: the plain 2-consumer list). Candidates: plain lists of
+// 128 or 192 rows, and mixed lists that end every head with 128-row items instead of its last k 192-row ones.
 struct Plan {
   int consumers;  // 2 or 3: the kernel
   Items items;
@@ -497,19 +534,18 @@ struct Plan {
 
 static double items_makespan(const FlashcoreParams& p, int block_m, Items items, int sms) {
   static constexpr double kCost[4] = {0.0, 0.7, 1.0, 1.33};  // by consumers with rows, in 128-row item times
-  std::vector<double> free_at(sms, 0.0);                     // a min-heap of the SMs' finish times
+  const long num_items = static_cast<long>(items.big + items.small) * p.batch * p.heads;
+  std::vector<double> busy(std::min<long>(num_items, sms), 0.0);  // each persistent CTA's total
+  long index = 0;
   auto run = [&](int m0, int rows) {
-    const int consumers = std::min(rows, p.seq_len - m0 + 63) / 64;
-    std::pop_heap(free_at.begin(), free_at.end(), std::greater<double>());
-    free_at.back() += kCost[consumers];
-    std::push_heap(free_at.begin(), free_at.end(), std::greater<double>());
+    const long ctas = static_cast<long>(busy.size()), round = index / ctas, at = index++ % ctas;
+    busy[(round & 1) ? ctas - 1 - at : at] += kCost[std::min(rows, p.seq_len - m0 + 63) / 64];
   };
-  const int bh = p.batch * p.heads;
-  for (int h = 0; h < bh; ++h)
+  for (int h = 0; h < p.batch * p.heads; ++h)  // item_at's order (non-causal)
     for (int i = 0; i < items.big; ++i) run(i * block_m, block_m);
-  for (int h = 0; h < bh; ++h)
+  for (int h = 0; h < p.batch * p.heads; ++h)
     for (int i = 0; i < items.small; ++i) run(items.big * block_m + i * (block_m - 64), block_m - 64);
-  return *std::max_element(free_at.begin(), free_at.end());
+  return *std::max_element(busy.begin(), busy.end());
 }
 
 static Plan plan_d64(const FlashcoreParams& p) {
@@ -519,7 +555,7 @@ static Plan plan_d64(const FlashcoreParams& p) {
   Plan plain2 = {2, {tiles128, 0}}, plain3 = {3, {tiles192, 0}};
   if (p.causal) return tiles192 * bh >= 8L * sms ? plain3 : plain2;  // causal: 336 vs 343 TFLOP/s at 4096 rows
   if (bh * tiles128 > 24L * sms) return plain3;  // 24+ waves: quantization is noise, 192 rows win per SM
-  // The last plan asked for, kept: the replay costs ~0.1 ms, longer than a short kernel.
+  // The last plan asked for, kept: replaying ~10 plans of up to 24 rounds costs tens of microseconds a call.
   static std::mutex mutex;
   static long last_key[3] = {-1, -1, -1};
   static Plan last_plan;
