@@ -7,8 +7,8 @@
 // fragments, no shuffles) and V read transposed. setmaxnreg moves registers from the producer to the consumers.
 // Overlaps: ping-pong (named barriers give the consumers turns, so one's exp2 runs while another's GEMMs do),
 // intra-warpgroup (S_{j+1} is issued with P_j V_j and its softmax runs while P_j V_j is in flight), and across
-// items (the next Q_i loads once every consumer's last S has landed, during the last P V and the stores, which go
-// from registers straight to global memory). Primitives: hopper.cuh, tma.cuh.
+// items (the next Q_i loads once every consumer's last S has landed, during the last P V and the epilogue, which
+// stages O in a tile of its own and stores it by TMA). Primitives: hopper.cuh, tma.cuh.
 //
 // Change from v11 (mma.sync, every warp loads and computes): wgmma (HGMMA) instead of HMMA + ldmatrix, TMA
 // instead of cp.async, producer/consumer roles (the seeds' v9 and v10 ideas) on the hardware made for them.
@@ -17,31 +17,33 @@
 // Causal: tiles past an item's last row are never loaded; only tiles crossing the diagonal (or S) are masked, in
 // a second copy of the softmax. The item list goes longest first and is dealt in snake order (item_at).
 //
-// Configuration: 128 keys per K/V tile. D=128: 2 consumers (193 KB of shared memory). D=64: 2 or 3 consumers,
+// Configuration: 128 keys per K/V tile. D=128: 2 consumers (225 KB of shared memory). D=64: 2 or 3 consumers,
 // and with 3 the list may end each head with 128-row items run by two: plan_d64 replays the rounds for each
 // candidate list and keeps the one whose busiest CTA finishes first.
 // ptxas (nvcc 13.0, sm_90a; 0 spills, 0 stack, 1 CTA/SM; the __half and __nv_bfloat16 kernels alike):
-//   v12_fwd<64, 128, 2>   168 regs at entry (producer 24, consumers 240)  113.1 KB dynamic smem, 384 threads
-//   v12_fwd<64, 128, 3>   128 regs at entry (producer 32, consumers 160)  121.1 KB, 512 threads
-//   v12_fwd<128, 128, 2>  168 regs at entry (producer 24, consumers 240)  193.1 KB, 384 threads
+//   v12_fwd<64, 128, 2>   168 regs at entry (producer 24, consumers 240)  129.1 KB dynamic smem, 384 threads
+//   v12_fwd<64, 128, 3>   128 regs at entry (producer 32, consumers 160)  145.1 KB, 512 threads
+//   v12_fwd<128, 128, 2>  168 regs at entry (producer 24, consumers 240)  225.1 KB, 384 threads
 //
 // Run:  flashcore test v12 && flashcore bench v12 --shape 2,16,4096,128 && flashcore sass v12
 //
-// Measured (H200, `flashcore bench`, L2 flushed, cold mode, one run per shape, record docs/results/h200.json):
+// Measured (H200, `flashcore bench`, L2 flushed, cold mode; two runs per shape of the build before the TMA-store
+// epilogue, one of them in docs/results/h200.json; the last step below is this build beside that one):
 //   shape              v12 TFLOP/s   SDPA default (cuDNN)   SDPA flash (FA2)   v12 / SDPA default
-//   2,16,4096,64       488           459                     294               1.07x
-//     causal           389           367                     231               1.06x
-//   2,16,4096,128      650           649                     351               1.00x
-//     causal           574           518                     273               1.11x
-//   1,16,16384,64      520           472                     306               1.10x
-//     causal           503           453                     280               1.11x
-//   1,8,512,64         11.2 us       10.9 us                 13.8 us           0.97x of SDPA's time
+//   2,16,4096,64       488           459-464                 294-295           1.05-1.07x
+//     causal           388-389       367-372                 231-235           1.04-1.06x
+//   2,16,4096,128      650-656       649-658                 349-351           1.00x (0.997, 1.001; this build 1.002)
+//     causal           574-577       514-518                 270-273           1.11-1.12x
+//   1,16,16384,64      518-520       461-472                 304-306           1.10-1.12x
+//     causal           503-542       448-453                 279-280           1.11-1.21x
+//   1,8,512,64         11.2 us       10.9-11.2 us            13.8-14.2 us      0.97-1.00x of SDPA's time
 // Steps (TFLOP/s at 2,16,4096,64 | causal | 2,16,4096,128 | causal, bench runs beside the step before):
 //   one CTA per 128-row tile (3 consumers, 192 rows, once 8 waves): 421 | 348 | 630 | 513 (the record's)
 //   + D=64 lists of 192- and 128-row items (block scheduler fills the last wave): 449 | 345 | 634 | 526
 //   + persistent CTAs, next Q_i during the epilogue, stores from registers: 482-486 | 350 | 657 | 520
 //   + every consumer takes every turn (the ring changing members hung 3,16,3000,64): 490 | 345 | 650 | 523
 //   + snake rounds (causal: the busiest CTA's load 144 -> 128 tiles): 488 | 389 | 650 | 574
+//   + O staged in a tile of its own and stored by TMA (was: from registers): 494 vs 490 | 394 vs 393 | 646 vs 634 | -
 // Short sequences: nothing special. 1,8,512,64 is 32 items of 128 rows on 132 SMs, each 4 tiles end to end,
 // so latency (TMA round trips, 4 dependent tile steps) sets its 11 us; v11's split-key short kernel (8.1 us)
 // stays the fastest rung there, and the 0.6x-of-SDPA target is not met (docs/ladder.md: the floor).
@@ -66,7 +68,7 @@
 #include "hopper.cuh"
 
 constexpr int kStages = 2;  // K and V tiles in flight, each (3 at D = 64: 408 vs 420 TFLOP/s at 2,16,4096,64)
-constexpr int kSchedBarrier = 1;  // named barriers 1 .. kConsumers: the consumers' GEMM turns
+constexpr int kSchedBarrier = 1;  // named barriers 1 .. kConsumers: the consumers' GEMM turns; then one per consumer
 
 template <int kHeadDim, int kBlockN, int kConsumers_>
 struct Config {
@@ -85,13 +87,15 @@ struct Config {
   // exactly: one-hot and uniform rows come out exact), with no FADD for the row sum.
   static constexpr int kVSlotBytes = kKVBytes + kBlockN * 128;
   static constexpr int kOCols = kHeadDim + 8;             // O's columns in registers: D, then l (x 8)
-  // Shared memory: Q_i | K_j x kStages | (V_j, ones) x kStages | mbarriers; 1024-byte aligned (swizzle atom).
+  // Shared memory: Q_i | K_j x kStages | (V_j, ones) x kStages | O | mbarriers; 1024-byte aligned (swizzle atom).
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
-  static constexpr int kBarOffset = kVOffset + kStages * kVSlotBytes;
+  static constexpr int kOOffset = kVOffset + kStages * kVSlotBytes;  // O's staging tile, laid out as Q_i's
+  static constexpr int kBarOffset = kOOffset + kQBytes;
   static constexpr int kSmemBytes = kBarOffset + 8 * (2 + 4 * kStages) + 1024;  // + alignment slack
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0, "tiles keep the 1024-byte swizzle alignment");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory: at most 227 KB per block on sm_90");
 };
 
 struct Barriers {
@@ -101,7 +105,7 @@ struct Barriers {
 };
 
 struct Maps {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v, o;
 };
 
 // The work: a list of items, `big` items of kBlockM query rows per head, every head's, then `small` items of
@@ -304,6 +308,7 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
       fc::tma_prefetch_descriptor(&maps.q);
       fc::tma_prefetch_descriptor(&maps.k);
       fc::tma_prefetch_descriptor(&maps.v);
+      fc::tma_prefetch_descriptor(&maps.o);
       int t = 0;  // K/V tiles issued by this CTA so far: the ring's slot and lap
       for (int round = 0, index = blockIdx.x; index < num_items(); index = snake_index(++round, blockIdx.x, gridDim.x)) {
         const Item it = item_at<kBlockM>(p, items, index);
@@ -464,20 +469,35 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
     release(&bars.v_empty[sv]);
     t += num_n;
 
-    // ---- epilogue: O / l rounded to T, stored from the fragments: a quad of lanes writes 16 contiguous
-    // bytes of a row per n8 chunk; rows past S are not written ----
-    const int bh = item_at<kBlockM>(p, items, index).bh;  // recomputed: one register fewer through the loop
-    T* out = reinterpret_cast<T*>(p.o) + static_cast<size_t>(bh) * p.seq_len * kHeadDim;
+    // ---- epilogue: O / l rounded to T into this warpgroup's rows of O's staging tile (Q_i's swizzled layout),
+    // then one TMA store per 64-column panel, which clips rows past S. O has a tile of its own, so the next
+    // item's Q_i lands meanwhile; the first barrier waits for this warpgroup's previous store to have read it ----
+    const int epilogue_barrier = kSchedBarrier + kConsumers + g;
+    unsigned char* rows_base = smem() + Cfg::kOOffset + 64 * g * 128;
+    fc::named_barrier_sync(epilogue_barrier, fc::kWarpgroupThreads);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = row0 + 8 * h;
+      const int r = r_local + 8 * h;
       const float l = o[4 * (kHeadDim / 8) + 2 * h];  // every lane holds its rows' l in the ones columns
       const float inv_l = l > 0.f ? 1.f / l : 0.f;
-      if (row < p.seq_len) {
-        uint32_t* dst = reinterpret_cast<uint32_t*>(out + static_cast<size_t>(row) * kHeadDim + 2 * (tid % 4));
 #pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j) dst[4 * j] = pack2<T>(o[4 * j + 2 * h] * inv_l, o[4 * j + 2 * h + 1] * inv_l);
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        const int col = 8 * j + 2 * (tid % 4);
+        const int panel = col / 64, chunk = (col % 64) / 8, within = (col % 8) * 2;
+        unsigned char* dst = rows_base + panel * kBlockM * 128 + r * 128 + ((chunk ^ (r % 8)) * 16) + within;
+        *reinterpret_cast<uint32_t*>(dst) = pack2<T>(o[4 * j + 2 * h] * inv_l, o[4 * j + 2 * h + 1] * inv_l);
       }
+    }
+    fc::fence_proxy_async_shared();  // the generic-proxy writes above, before the TMA's reads
+    fc::named_barrier_sync(epilogue_barrier, fc::kWarpgroupThreads);
+    if (tid == 0) {
+      const int bh = item_at<kBlockM>(p, items, index).bh;  // recomputed: one register fewer through the loop
+#pragma unroll
+      for (int panel = 0; panel < Cfg::kPanels; ++panel) {
+        fc::tma_store_4d(&maps.o, 0, first_row, panel, bh, rows_base + panel * kBlockM * 128);
+      }
+      fc::tma_store_commit();
+      fc::tma_store_wait_read<0>();
     }
   }
 }
@@ -507,7 +527,8 @@ const char* launch(const FlashcoreParams& p, Items items, cudaStream_t stream) {
   Maps maps;
   if (!fc::encode_panel_map(&maps.q, kType, p.q, bh, p.seq_len, kHeadDim, kBlockM, Cfg::kPanels) ||
       !fc::encode_panel_map(&maps.k, kType, p.k, bh, p.seq_len, kHeadDim, kBlockN, Cfg::kPanels) ||
-      !fc::encode_panel_map(&maps.v, kType, p.v, bh, p.seq_len, kHeadDim, kBlockN, Cfg::kPanels)) {
+      !fc::encode_panel_map(&maps.v, kType, p.v, bh, p.seq_len, kHeadDim, kBlockN, Cfg::kPanels) ||
+      !fc::encode_panel_map(&maps.o, kType, p.o, bh, p.seq_len, kHeadDim, 64, 1)) {
     return fc::message("v12: the driver refused a TMA tensor map (is the driver new enough, the tensor 16-byte aligned?)");
   }
   const int num_items = (items.big + items.small) * bh;
