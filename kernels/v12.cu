@@ -128,7 +128,7 @@ __host__ __device__ __forceinline__ int snake_index(int round, int cta, int ctas
 }
 
 template <int kBlockM>
-__device__ __forceinline__ Item item_at(const FlashcoreParams& p, Items items, int index) {
+__host__ __device__ __forceinline__ Item item_at(const FlashcoreParams& p, Items items, int index) {
   const int heads = p.batch * p.heads;
   Item it;
   int rows = kBlockM;
@@ -152,7 +152,7 @@ __device__ __forceinline__ Item item_at(const FlashcoreParams& p, Items items, i
 
 // K/V tiles an item reads: all of them, or (causal) those left of its last row's diagonal.
 template <int kBlockN>
-__device__ __forceinline__ int item_tiles(const FlashcoreParams& p, const Item& it) {
+__host__ __device__ __forceinline__ int item_tiles(const FlashcoreParams& p, const Item& it) {
   const int all = fc::ceil_div(p.seq_len, kBlockN);
   return p.causal ? min(all, fc::ceil_div(it.m0 + 64 * it.consumers, kBlockN)) : all;
 }
@@ -553,19 +553,17 @@ struct Plan {
   Items items;
 };
 
-static double items_makespan(const FlashcoreParams& p, int block_m, Items items, int sms) {
+template <int kBlockM>
+static double items_makespan(const FlashcoreParams& p, Items items, int sms) {
   static constexpr double kCost[4] = {0.0, 0.7, 1.0, 1.33};  // by consumers with rows, in 128-row item times
-  const long num_items = static_cast<long>(items.big + items.small) * p.batch * p.heads;
-  std::vector<double> busy(std::min<long>(num_items, sms), 0.0);  // each persistent CTA's total
-  long index = 0;
-  auto run = [&](int m0, int rows) {
-    const long ctas = static_cast<long>(busy.size()), round = index / ctas, at = index++ % ctas;
-    busy[(round & 1) ? ctas - 1 - at : at] += kCost[std::min(rows, p.seq_len - m0 + 63) / 64];
-  };
-  for (int h = 0; h < p.batch * p.heads; ++h)  // item_at's order (non-causal)
-    for (int i = 0; i < items.big; ++i) run(i * block_m, block_m);
-  for (int h = 0; h < p.batch * p.heads; ++h)
-    for (int i = 0; i < items.small; ++i) run(items.big * block_m + i * (block_m - 64), block_m - 64);
+  const int num_items = (items.big + items.small) * p.batch * p.heads;
+  const int ctas = std::min(num_items, sms);
+  std::vector<double> busy(ctas, 0.0);  // each persistent CTA's total
+  for (int round = 0; round * ctas < num_items; ++round)
+    for (int cta = 0; cta < ctas; ++cta) {
+      const int index = snake_index(round, cta, ctas);
+      if (index < num_items) busy[cta] += kCost[item_at<kBlockM>(p, items, index).consumers];
+    }
   return *std::max_element(busy.begin(), busy.end());
 }
 
@@ -583,9 +581,9 @@ static Plan plan_d64(const FlashcoreParams& p) {
   const std::lock_guard<std::mutex> lock(mutex);
   if (last_key[0] == bh && last_key[1] == p.seq_len && last_key[2] == sms) return last_plan;
   Plan best = plain2;
-  double best_time = items_makespan(p, 128, plain2.items, sms);
+  double best_time = items_makespan<128>(p, plain2.items, sms);
   auto consider = [&](Plan plan) {
-    const double t = items_makespan(p, 192, plan.items, sms);
+    const double t = items_makespan<192>(p, plan.items, sms);
     if (t < best_time - 1e-9) best = plan, best_time = t;
   };
   consider(plain3);
@@ -596,6 +594,11 @@ static Plan plan_d64(const FlashcoreParams& p) {
   last_key[0] = bh, last_key[1] = p.seq_len, last_key[2] = sms;
   last_plan = best;
   return best;
+}
+
+// The kernel (consumers) and work list for these parameters; D = 128 always takes plain 128-row items.
+static Plan plan_for(const FlashcoreParams& p) {
+  return p.head_dim == 64 ? plan_d64(p) : Plan{2, {fc::ceil_div(p.seq_len, 128), 0}};
 }
 
 int flashcore_dtypes() { return (1 << kFlashcoreFloat16) | (1 << kFlashcoreBFloat16); }
@@ -620,11 +623,11 @@ template <typename T>
 static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
     case 64: {
-      const Plan plan = plan_d64(p);
+      const Plan plan = plan_for(p);
       return plan.consumers == 3 ? launch<64, kKeysPerTile, 3, T>(p, plan.items, stream)
                                  : launch<64, kKeysPerTile, 2, T>(p, plan.items, stream);
     }
-    case 128: return launch<128, kKeysPerTile, 2, T>(p, {fc::ceil_div(p.seq_len, 128), 0}, stream);
+    case 128: return launch<128, kKeysPerTile, 2, T>(p, plan_for(p).items, stream);
     default: return fc::unsupported_head_dim(p.head_dim);
   }
 }

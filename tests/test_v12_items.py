@@ -1,0 +1,62 @@
+"""v12's work list, checked on the host: the plan it launches with (persistent CTAs, 128- or 192-row items, mixed
+lists at D=64) must cover every query row of every head exactly once, give each item the key tiles its rows
+need, and deal every item to one CTA. tests/fixtures/hosts/v12_items.cu runs the kernel's own item_at /
+item_tiles / snake_index / plan_for; nvcc builds it (no GPU needed)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "tests" / "fixtures" / "hosts" / "v12_items.cu"
+
+
+@pytest.fixture(scope="module")
+def items_check(tmp_path_factory):
+    from flashcore_cli.build.toolchain import find_nvcc
+    from flashcore_cli.core.errors import FlashcoreError
+
+    try:
+        nvcc = find_nvcc()
+    except FlashcoreError:
+        pytest.skip("nvcc is not installed")
+    exe = tmp_path_factory.mktemp("v12_items") / "v12_items"
+    # PTX only (code=compute_90a): ptxas is not needed for a host-side check
+    cmd = [str(nvcc), "-std=c++17", "-gencode", "arch=compute_90a,code=compute_90a", f"-I{ROOT / 'kernels'}",
+           str(SOURCE), "-o", str(exe)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return exe
+
+
+def shapes() -> list[str]:
+    edges = [1, 2, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 383, 384, 385, 1000, 2048, 3000, 4096, 5000]
+    out = [f"{b},{h},{s},{d},{c}" for b, h in ((1, 1), (2, 16), (1, 16), (4, 16), (8, 16))
+           for s in edges for d in (64, 128) for c in (0, 1)]
+    out += [f"1,16,16384,64,{c}" for c in (0, 1)]
+    rng = random.Random(12)  # a fixed draw: the same shapes every run
+    out += [f"{rng.randint(1, 8)},{rng.randint(1, 40)},{rng.randint(1, 9000)},{rng.choice((64, 128))},{rng.randint(0, 1)}"
+            for _ in range(150)]
+    return out
+
+
+def test_v12_work_list_covers_every_row_once_and_every_item_is_dealt_once(items_check):
+    wanted = shapes()
+    proc = subprocess.run([str(items_check), *wanted], capture_output=True, text=True, timeout=300)
+    lines = proc.stdout.splitlines()
+    failed = [line for line in lines if not line.startswith("OK ")]
+    assert proc.returncode == 0 and not failed, "\n".join(failed[:10]) + proc.stderr
+    assert [line.split()[1] for line in lines] == wanted  # one verdict per shape, in order
+    plans = {tuple(int(kv.split("=")[1]) for kv in line.split()[2:5]) for line in lines}
+    # the set reaches every kind of list the launcher makes: 2 and 3 consumers, and mixed lists
+    assert {2, 3} <= {consumers for consumers, _, _ in plans}
+    assert any(small > 0 for _, _, small in plans)
+
+
+def test_v12_work_check_rejects_a_malformed_shape(items_check):
+    proc = subprocess.run([str(items_check), "2,16,4096"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stdout.startswith("FAIL 2,16,4096: not B,H,S,D,causal")
