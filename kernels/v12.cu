@@ -59,7 +59,6 @@
 //   - 3 K/V slots at D=64: 408 vs 420 (2,16,4096,64), 454 vs 469 (1,16,16384,64).
 //   - 3 consumers at causal 2,16,4096,64 (one CTA per tile): 336 vs 343.
 #include <algorithm>
-#include <functional>
 #include <mutex>
 #include <type_traits>
 #include <vector>
