@@ -40,14 +40,6 @@ constexpr bool kBuildsSm90 = builds_sm90();
 
 // ---- loads: global -> this CTA's shared memory, completing on an mbarrier -------------------------------
 
-// cp.async.bulk.tensor.2d ... mbarrier::complete_tx::bytes: the box at (c0, c1) into dst, its bytes counted on bar.
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
-  FC_SM90_ONLY(asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-      ::"r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(smem_addr(bar))
-      : "memory"));
-}
-
 // cp.async.bulk.tensor.3d ...: the box at (c0, c1, c2) into dst, its bytes counted on bar.
 __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
   FC_SM90_ONLY(asm volatile(
@@ -68,23 +60,10 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, i
 
 // ---- L2 prefetch: the same boxes into L2 only; nothing waits for them ---------------------------------
 
-// cp.async.bulk.prefetch.tensor.2d.L2: the box at (c0, c1) into L2.
-__device__ __forceinline__ void tma_prefetch_2d(const CUtensorMap* map, int c0, int c1) {
-  FC_SM90_ONLY(asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global [%0, {%1, %2}];\n" ::"l"(map), "r"(c0), "r"(c1)
-                            : "memory"));
-}
-
 // cp.async.bulk.prefetch.tensor.3d.L2: the box at (c0, c1, c2) into L2.
 __device__ __forceinline__ void tma_prefetch_3d(const CUtensorMap* map, int c0, int c1, int c2) {
   FC_SM90_ONLY(asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global [%0, {%1, %2, %3}];\n" ::"l"(map), "r"(c0),
                             "r"(c1), "r"(c2)
-                            : "memory"));
-}
-
-// cp.async.bulk.prefetch.tensor.4d.L2: the box at (c0, c1, c2, c3) into L2.
-__device__ __forceinline__ void tma_prefetch_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3) {
-  FC_SM90_ONLY(asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global [%0, {%1, %2, %3, %4}];\n" ::"l"(map),
-                            "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                             : "memory"));
 }
 
@@ -97,21 +76,6 @@ __device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) 
 // ---- stores: this CTA's shared memory -> global, in bulk groups ----------------------------------------
 // The writer threads' shared-memory stores must be made visible to the TMA unit first
 // (fc::fence_proxy_async_shared, then a barrier), and one thread issues the store.
-
-// cp.async.bulk.tensor.2d.global.shared::cta.bulk_group: src into the box at (c0, c1).
-__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, int c0, int c1, const void* src) {
-  FC_SM90_ONLY(asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(map),
-                            "r"(c0), "r"(c1), "r"(smem_addr(src))
-                            : "memory"));
-}
-
-// cp.async.bulk.tensor.3d.global.shared::cta.bulk_group: src into the box at (c0, c1, c2).
-__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, int c0, int c1, int c2, const void* src) {
-  FC_SM90_ONLY(asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
-                                map),
-                            "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(src))
-                            : "memory"));
-}
 
 // cp.async.bulk.tensor.4d.global.shared::cta.bulk_group: src into the box at (c0, c1, c2, c3).
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3, const void* src) {
@@ -131,13 +95,6 @@ __device__ __forceinline__ void tma_store_commit() {
 template <int kPending>
 __device__ __forceinline__ void tma_store_wait_read() {
   FC_SM90_ONLY(asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory"));
-}
-
-// cp.async.bulk.wait_group N: at most kPending of this thread's groups are incomplete (the older groups'
-// writes are done; a CTA must not exit before its stores have at least read their source).
-template <int kPending>
-__device__ __forceinline__ void tma_store_wait() {
-  FC_SM90_ONLY(asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory"));
 }
 
 // ---- host: tensor maps ------------------------------------------------------------------------------------
