@@ -39,7 +39,8 @@
 // exact now in a CPU emulation of the fragment arithmetic). Predicted cost per warp and tile: kMTiles * BLOCK_N
 // / 16 more HMMA (+6% at D=64, +3% at D=128), 4 * kMTiles * kNTiles - 2 fewer FADD (TMA kernel: +4 HMMA, -30
 // FADD) and no quad reduction at the end: 40-125 fewer SASS instructions per kernel. Measured: 3.6% slower at
-// 2,16,4096,64 (457 vs 441 us); the alternative, exp2((s - m) * c) and fp32 row sums, 463 vs 455-458 us.
+// 2,16,4096,64 (457 vs 441 us); exp2((s - m) * c) with fp32 row sums 463 vs 455-458 us; four more exact forms
+// (half2 sums, an exact branch, an end correction) 455-489 vs 453-461 (docs/ladder.md: the pre-fix schedule).
 //
 // ptxas (nvcc 13.0; no static smem, spills or stack), registers sm_90 | sm_89 (v11_fwd_tma: 174, sm_90 only):
 //   v11_fwd<64, 128, 64, 32, 2, 1, 2>  226 | 219 (2 CTAs/SM)   v11_fwd<64, 32, 32, 16, 3, 4, 1>   136 | 125
