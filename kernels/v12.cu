@@ -45,9 +45,12 @@
 //   + snake rounds (causal: the busiest CTA's load 144 -> 128 tiles): 488 | 389 | 650 | 574
 //   + O staged in a tile of its own and stored by TMA (was: from registers): 494 vs 490 | 394 vs 393 | 646 vs 634 | -
 // Short sequences: nothing special. 1,8,512,64 is 32 items of 128 rows on 132 SMs, each 4 tiles end to end,
-// so latency (TMA round trips, 4 dependent tile steps) sets its 11 us; v11's split-key short kernel (8.1 us)
-// stays the fastest rung there, and the 0.6x-of-SDPA target is not met (docs/ladder.md: the floor).
+// so latency (TMA round trips, 4 dependent tile steps) sets its 11 us (ncu: 9.4 us, tensor pipe 31% active,
+// long-scoreboard stalls 1.5 per instruction); v11's split-key short kernel (8.1 us; ncu 6.8 us, 128 CTAs,
+// tensor pipe 19%) stays the fastest rung there, and the 0.6x-of-SDPA target is not met (docs/ladder.md: the floor).
 //
+// ncu on the committed build: D=128 421 us, tensor pipe 79.5% active, top stalls wait 2.45, long scoreboard 0.86,
+// barrier 0.60 per instruction (a tie with cuDNN, not a margin); D=64 280 us, tensor pipe 59.6%.
 // Where the time went at D=64 (ncu, first version): ALU the busiest pipe, 60% issue slots busy against cuDNN's
 // 51%; the masked/unmasked split and the ones columns took the tile from 810 to ~520 SASS instructions. A 192-row
 // item takes 1.32-1.37x a 128-row one (3 consumers keep the tensor pipe fed through the softmax), which is why
