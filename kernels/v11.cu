@@ -16,6 +16,7 @@
 // its K, V into L2. On sm_90 at D=64 the short kernel is v11_fwd_tma: thread 0 loads each stage by TMA onto an
 // mbarrier, so the warps issue no LDGSTS (each 32 KB cp.async refill cost its tile ~250 ns in the MIO queue),
 // and its loop is software-pipelined (S of tile t + 1 in the same basic block as tile t's softmax and P V).
+// The long D=64 kernel does the same on sm_90 (LongTmaD64: LongD64's tiles, one S at a time, 221 registers).
 // Causal: tiles past a warp's last row are skipped, only diagonal tiles build masks, heaviest query tiles first.
 // bf16: every kernel also exists as *_bf16 (mma .bf16, P and O rounded to bf16, a bf16 ones column for l_i,
 // BFLOAT16 tensor maps); the fp16 kernels are unchanged (same SASS opcodes; sm_90's LongD128 swaps two registers).
@@ -27,6 +28,7 @@
 //   ShortD64     fewer CTAs than SMs                64     32     32     16      3     4    1    8   96 KB
 //   ShortD128                                      128     32     16     16      2     4    1    8   69 KB
 //   ShortTmaD64  short, D=64, sm_90+ build          64     32     64     16      3     2    1    4   96 KB
+//   LongTmaD64   long, D=64, sm_90+ build           64    128     64     32      2     1    2    4   48 KB
 // Why: 32-row warps read each K/V fragment once for two m16 tiles (16-row warps: ldmatrix caps the mma near
 // 470 TFLOP/s on an H100); registers set the rest (D=128: 48-key tiles, 777 us at 2,16,4096,128 vs 832 for 32).
 // Short: 4 groups x 32 keys 9.5 us at 1,8,512,64 vs 8 x 16 10.6, 2 x 64 9.8 (`flashcore tune`, 20 configurations).
@@ -41,16 +43,19 @@
 // FADD) and no quad reduction at the end: 40-125 fewer SASS instructions per kernel. Measured: 3.6% slower at
 // 2,16,4096,64 (457 vs 441 us); exp2((s - m) * c) with fp32 row sums 463 vs 455-458 us; four more exact forms
 // (half2 sums, an exact branch, an end correction) 455-489 vs 453-461 (docs/ladder.md: the pre-fix schedule).
+// K and V by TMA in the long D=64 kernel (sm_90) won it back: 433-436 us vs 436-437 for the pre-fix build.
 //
-// ptxas (nvcc 13.0; no static smem, spills or stack), registers sm_90 | sm_89 (v11_fwd_tma: 174, sm_90 only):
+// ptxas (nvcc 13.0; no static smem, spills or stack), registers sm_90 | sm_89 (v11_fwd_tma, sm_90 only: long
+// <64, 128, 64, 32, 2, 1, 2> 221, short <64, 32, 64, 16, 3, 2, 1> 174):
 //   v11_fwd<64, 128, 64, 32, 2, 1, 2>  226 | 219 (2 CTAs/SM)   v11_fwd<64, 32, 32, 16, 3, 4, 1>   136 | 125
 //   v11_fwd<128, 128, 48, 32, 2, 1, 2> 254 | 252 (2 CTAs/SM)   v11_fwd<128, 32, 16, 16, 2, 4, 1>  181 | 174
-// Measured (H200, `flashcore bench`, L2 flushed, blocking start; the record docs/results/h200.json, and one
-// run of this build beside the build before the l_i change, which reads v11b):
+// Measured (H200, `flashcore bench`, L2 flushed, blocking start; the record docs/results/h200.json, and
+// runs of this build beside the build before the l_i change, which reads v11b):
 //   shape              v11                     SDPA default   SDPA flash (FA2)
 //   1,8,512,64         8.1 us (0.74x), v11b 8.1   11.0 us     14.5 us   target <= 0.6x SDPA's time: not met
 //     graph mode       5.5 us, v11b 5.5           8.9 us     10.3 us
-//   2,16,4096,64       457 us, 301 TFLOP/s; v11b 441 us, 312 (the ones column: 3.6% slower)  462   292
+//   2,16,4096,64       433-436 us, 315-318 TFLOP/s; v11b 436  462 TFLOP/s   294  (cp.async: 456-460 us)
+//     causal           230 us, 298 TFLOP/s; v11b 234          368          233  (cp.async: 244 us)
 //   2,16,4096,128      359 TFLOP/s (bf16 360)     639 (661)   346 (341)  1.04x FA2 (bf16 1.06x)
 // Where the 1,8,512,64 time goes (docs/ladder.md: timelines, ablations, floor study): an empty kernel ~3.5 us;
 // loads, merge and the mma work with no softmax at all 7.2-7.3 (0.61x of SDPA); v11's softmax ~1.5 us more.
@@ -190,6 +195,11 @@ static_assert(ShortTmaD64::kHeadDim == 64 && ShortTmaD64::kQFromGlobal && ShortT
                   ShortTmaD64::kKvBytes % 1024 == 0,
               "SHORT_TMA_D64: D = 64, SPLIT > 1 with Q_i in registers, SPLIT * BLOCK_N <= 256 keys");
 static_assert(tma_smem_bytes<ShortTmaD64>() <= kMaxSmemBytes, "SHORT_TMA_D64: at most 99 KB per block");
+// sm_90's long D=64 kernel: LongD64's tiles, K and V by TMA; Q_i by cp.async into its own 1024-byte-aligned bytes.
+using LongTmaD64 = LongD64;
+static_assert(LongTmaD64::kHeadDim == 64 && LongTmaD64::kSplit == 1 && LongTmaD64::kQInRegs &&
+                  LongTmaD64::kQBytes % 1024 == 0 && LongTmaD64::kKvBytes % 1024 == 0 && LongTmaD64::kTileN <= 256,
+              "LONG_TMA_D64: D = 64, one key group, Q_i in registers, 1024-byte-aligned stages");
 
 // Grid order, measured at 2,16,4096 on the lent H200: at D=64 non-causal, x = query tile and y = batch * heads
 // (every query tile of a few heads per wave) ran 438 us (314 TFLOP/s) against 458 us (300) with batch * heads
@@ -200,9 +210,10 @@ static_assert(tma_smem_bytes<ShortTmaD64>() <= kMaxSmemBytes, "SHORT_TMA_D64: at
 __host__ __device__ constexpr bool query_tile_fastest(bool causal, int head_dim) { return !causal && head_dim == 64; }
 // The in-CTA kernels' body. kTma (v11_fwd_tma, sm_90): K and V arrive by TMA through the tensor maps,
 // issued by thread 0 and counted on one mbarrier per stage, instead of 16-byte cp.async from every thread;
-// all kStages stages are loaded up front, and the loop computes S of tile t + 1 in the same basic block as
-// tile t's softmax and P V, so the scheduler can interleave the two (one warp per scheduler has little else
-// to hide latency with).
+// all kStages stages are loaded up front. The short kernel's loop (kSplit > 1) computes S of tile t + 1 in the
+// same basic block as tile t's softmax and P V, so the scheduler can interleave the two (one warp per scheduler
+// has little else to hide latency with); the long one (two CTAs per SM, 32-row warps) has no registers for a
+// second S and takes one tile at a time, Q_i by cp.async into shared memory as in the cp.async kernel.
 template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks, bool kTma,
           class T>
 __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap* tmap_k, const CUtensorMap* tmap_v) {
@@ -261,6 +272,7 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   // Prologue: Q_i and the first kStages - 1 tiles in flight at once (Q_i rides in tile 0's group); by TMA
   // all kStages (its loop refills a stage only after every warp is done with it, not a tile ahead).
   if constexpr (!Cfg::kQFromGlobal) fc::copy_rows_async<Cfg, kBlockM>(q_s, q, m0, seq_len, tid);
+  if constexpr (kTma && !Cfg::kQFromGlobal) fc::cp_async_commit();
   if constexpr (kTma) {
     if (tid == 0) {
       if (fc::smem_addr(smem) & 1023u) __trap();  // never seen; a wrong layout would be silent
@@ -276,7 +288,7 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     if (st < n_tiles) load_tile(st, st);
     if constexpr (!kTma) fc::cp_async_commit();
   }
-  if constexpr (kTma) {
+  if constexpr (kTma && kSplit > 1) {
     // The same L2 prefetch as below, a tile at a time: CTA i of the head takes tiles i, i + tiles, ...
     if (tid == 0) {
       for (int tile = kPrologueTiles + tile_index; tile < n_tiles; tile += tiles) {
@@ -334,7 +346,32 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     fc::accumulate_pv<Cfg, T>(s, o_acc, l_i, v_lane_of(stage), lane);
   };
 
-  if constexpr (kTma) {
+  if constexpr (kTma && !Cfg::kQFromGlobal) {
+    // Q_i's cp.async copies, then its fragments: the rest of the loop waits on mbarriers only.
+    fc::cp_async_wait<0>();
+    __syncthreads();
+    fc::load_q_fragments<Cfg>(q_frag, q_lane, lane);
+  }
+  if constexpr (kTma && kSplit == 1) {
+    // The long TMA kernel (two 32-row m16 pairs per warp): no room for a second S, so one tile at a time.
+    auto wait_tile = [&](int t) { fc::mbarrier_wait_parity(&stage_full[t % kStages], (t / kStages) & 1); };
+    for (int t = 0; t < n_tiles; ++t) {
+      if (t >= 1 && t - 1 + kStages < n_tiles) {  // uniform across the CTA, as below
+        __syncthreads();
+        if (tid == 0) {
+          fc::fence_proxy_async_shared();
+          load_tile(t - 1 + kStages, (t - 1) % kStages);
+        }
+      }
+      const int key0 = key0_of(t);
+      if (key0 >= warp_kv_end) continue;
+      wait_tile(t);
+      Scores s;
+      fc::warp_scores<Cfg, T>(s, q_frag, q_lane, k_lane_of(t % kStages), lane);
+      mask_edge(s, key0);
+      softmax_pv(s, t % kStages);
+    }
+  } else if constexpr (kTma) {
     // S of the next tile is computed before this tile's softmax and P V, all in one basic block: the tile's
     // mask comes first, and the branches that decide whether a next tile exists wrap the whole block.
     auto visible = [&](int t) { return t < n_tiles && key0_of(t) < warp_kv_end; };
@@ -593,28 +630,34 @@ static int sm_count() {
 }
 
 
-// Short sequences take, at D=64 on an sm_90 build, the TMA kernel (ShortTma; void at D=128), unless the
-// driver cannot make its tensor maps; the in-CTA cp.async kernel remains for older GPUs and D=128.
-template <class Long, class Short, class ShortTma, class T>
+// At D=64 an sm_90 build takes the TMA kernel of the regime (CfgTma; void at D=128, whose 256-byte rows one
+// 128-byte-swizzled box does not cover), unless the driver cannot make its tensor maps; the cp.async kernels
+// remain for older GPUs and D=128.
+template <class Cfg, class CfgTma, class T>
+static const char* launch_prefer_tma(const FlashcoreParams& p, cudaStream_t stream) {
+  if constexpr (fc::kBuildsSm90 && !std::is_void_v<CfgTma>) {
+    if (fc::tensor_map_encoder() != nullptr) {
+      bool launched = false;
+      const char* err = launch_tma<CfgTma, T>(p, stream, &launched);
+      if (launched || err != nullptr) return err;
+    }
+  }
+  return launch<Cfg, T>(p, stream);
+}
+
+template <class Long, class LongTma, class Short, class ShortTma, class T>
 static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
   if (pick_regime(p.batch * p.heads, p.seq_len, Long::kBlockM, sm_count()) == Regime::kShort) {
-    if constexpr (fc::kBuildsSm90 && !std::is_void_v<ShortTma>) {
-      if (fc::tensor_map_encoder() != nullptr) {
-        bool launched = false;
-        const char* err = launch_tma<ShortTma, T>(p, stream, &launched);
-        if (launched || err != nullptr) return err;
-      }
-    }
-    return launch<Short, T>(p, stream);
+    return launch_prefer_tma<Short, ShortTma, T>(p, stream);
   }
-  return launch<Long, T>(p, stream);
+  return launch_prefer_tma<Long, LongTma, T>(p, stream);
 }
 
 template <class T>
 static const char* forward_dtype(const FlashcoreParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
-    case 64: return forward<LongD64, ShortD64, ShortTmaD64, T>(p, stream);
-    case 128: return forward<LongD128, ShortD128, void, T>(p, stream);
+    case 64: return forward<LongD64, LongTmaD64, ShortD64, ShortTmaD64, T>(p, stream);
+    case 128: return forward<LongD128, void, ShortD128, void, T>(p, stream);
     default: return fc::unsupported_head_dim(p.head_dim);
   }
 }
@@ -635,6 +678,7 @@ static int plan_dtype(int head_dim, FlashcoreKernelPlan* all) {
   if (head_dim == 64) {
     all[count++] = plan_of<LongD64, T>();
     all[count++] = plan_of<ShortD64, T>();
+    if (fc::kBuildsSm90) all[count++] = tma_plan_of<LongTmaD64, T>();
     if (fc::kBuildsSm90) all[count++] = tma_plan_of<ShortTmaD64, T>();
   } else if (head_dim == 128) {
     all[count++] = plan_of<LongD128, T>();
@@ -645,7 +689,7 @@ static int plan_dtype(int head_dim, FlashcoreKernelPlan* all) {
 
 // The fp16 kernels, then the bf16 ones.
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
-  FlashcoreKernelPlan all[6];
+  FlashcoreKernelPlan all[8];
   int count = plan_dtype<__half>(head_dim, all);
   if (count == 0) return 0;
   count += plan_dtype<__nv_bfloat16>(head_dim, all + count);
