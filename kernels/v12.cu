@@ -19,11 +19,14 @@
 //
 // Configuration: 128 keys per K/V tile. D=128: 2 consumers (225 KB of shared memory). D=64: 2 or 3 consumers,
 // and with 3 the list may end each head with 128-row items run by two: plan_d64 replays the rounds for each
-// candidate list and keeps the one whose busiest CTA finishes first.
-// ptxas (nvcc 13.0, sm_90a; 0 spills, 0 stack, 1 CTA/SM; the __half and __nv_bfloat16 kernels alike):
-//   v12_fwd<64, 128, 2>   168 regs at entry (producer 24, consumers 240)  129.1 KB dynamic smem, 384 threads
-//   v12_fwd<64, 128, 3>   128 regs at entry (producer 32, consumers 160)  145.1 KB, 512 threads
-//   v12_fwd<128, 128, 2>  168 regs at entry (producer 24, consumers 240)  225.1 KB, 384 threads
+// candidate list and keeps the one whose busiest CTA finishes first; 1 consumer and 4 slots when the grid is
+// one wave of 64-row items (short sequences, below).
+// ptxas (nvcc 13.0, sm_90a; 0 spills, 0 stack, 1 CTA/SM; the __half and __nv_bfloat16 kernels alike), template
+// <D, keys per tile, consumers, slots>:
+//   v12_fwd<64, 128, 2, 2>   168 regs at entry (producer 24, consumers 240)  129.1 KB dynamic smem, 384 threads
+//   v12_fwd<64, 128, 3, 2>   128 regs at entry (producer 32, consumers 160)  145.1 KB, 512 threads
+//   v12_fwd<64, 128, 1, 4>   240 regs at entry (producer 24, consumer 240)   209.1 KB, 256 threads
+//   v12_fwd<128, 128, 2, 2>  168 regs at entry (producer 24, consumers 240)  225.1 KB, 384 threads
 //
 // Run:  flashcore test v12 && flashcore bench v12 --shape 2,16,4096,128 && flashcore sass v12
 //
@@ -44,10 +47,13 @@
 //   + every consumer takes every turn (the ring changing members hung 3,16,3000,64): 490 | 345 | 650 | 523
 //   + snake rounds (causal: the busiest CTA's load 144 -> 128 tiles): 488 | 389 | 650 | 574
 //   + O staged in a tile of its own and stored by TMA (was: from registers): 494 vs 490 | 394 vs 393 | 646 vs 634 | -
-// Short sequences: nothing special. 1,8,512,64 is 32 items of 128 rows on 132 SMs, each 4 tiles end to end,
-// so latency (TMA round trips, 4 dependent tile steps) sets its 11 us (ncu: 9.4 us, tensor pipe 31% active,
-// long-scoreboard stalls 1.5 per instruction); v11's split-key short kernel (8.1 us; ncu 6.8 us, 128 CTAs,
-// tensor pipe 19%) stays the fastest rung there, and the 0.6x-of-SDPA target is not met (docs/ladder.md: the floor).
+// Short sequences (D=64, one wave of 64-row items): one consumer per CTA, 64-row items, 4 ring slots (a 512-key
+// head's K and V all in flight at once), no turns. 1,8,512,64 was 32 items of 128 rows, each 4 tiles end to end
+// through 2 slots: 10.7-10.9 us (ncu 9.4 us, tensor pipe 31%, long-scoreboard 1.5 per instruction); now 64 CTAs,
+// 9.4 us (graph 6.6 vs 8.2; causal 9.7 vs 10.9; 1,4,2048,64 20.2 vs 25.3; ncu 8.1 us, tensor pipe 19%, wait 2.3,
+// long scoreboard 1.3). Past one wave it loses (2,8,1024,64: 21.6 vs 16.8 us), so only then. v11's split-key short
+// kernel (8.1 us; ncu 6.8 us, 128 CTAs) stays the fastest rung at 1,8,512,64, and the 0.6x-of-SDPA target is not
+// met (docs/ladder.md: the floor).
 //
 // ncu on the committed build: D=128 421 us, tensor pipe 79.5% active, top stalls wait 2.45, long scoreboard 0.86,
 // barrier 0.60 per instruction (a tie with cuDNN, not a margin); D=64 280 us, tensor pipe 59.6%.
@@ -69,17 +75,17 @@
 #include "flashcore.h"
 #include "hopper.cuh"
 
-constexpr int kStages = 2;  // K and V tiles in flight, each (3 at D = 64: 408 vs 420 TFLOP/s at 2,16,4096,64)
 constexpr int kSchedBarrier = 1;  // named barriers 1 .. kConsumers: the consumers' GEMM turns; then one per consumer
 
-template <int kHeadDim, int kBlockN, int kConsumers_>
+template <int kHeadDim, int kBlockN, int kConsumers_, int kStages_>
 struct Config {
   static constexpr int kConsumers = kConsumers_;                           // consumer warpgroups, 64 rows each
+  static constexpr int kStages = kStages_;  // K/V ring slots (2 for long runs: 3 at D = 64 measured 408 vs 420)
   static constexpr int kBlockM = 64 * kConsumers;                          // Br: query rows per CTA
   static constexpr int kThreads = fc::kWarpgroupThreads * (1 + kConsumers);  // + the producer warpgroup
   // setmaxnreg: what the producer keeps and what each consumer grows to (the register file is 64 K).
-  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 24;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536, "register file");
   static constexpr int kPanels = kHeadDim / 64;           // 128-byte panels of 64 columns per row
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
@@ -100,6 +106,7 @@ struct Config {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory: at most 227 KB per block on sm_90");
 };
 
+template <int kStages>
 struct Barriers {
   uint64_t q_full, q_empty;
   uint64_t k_full[kStages], k_empty[kStages];
@@ -263,10 +270,11 @@ __device__ __forceinline__ void release(uint64_t* bar) {
   if (threadIdx.x % 32 == 0) fc::mbarrier_arrive(bar);
 }
 
-template <int kHeadDim, int kBlockN, int kConsumers, typename T>
-__global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThreads, 1)
+template <int kHeadDim, int kBlockN, int kConsumers, int kStages, typename T>
+__global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>::kThreads, 1)
     v12_fwd(const FlashcoreParams p, const __grid_constant__ Maps maps, const Items items) {
-  using Cfg = Config<kHeadDim, kBlockN, kConsumers>;
+  using Cfg = Config<kHeadDim, kBlockN, kConsumers, kStages>;
+  using Barriers = ::Barriers<kStages>;
   constexpr int kBlockM = Cfg::kBlockM;
   extern __shared__ unsigned char smem_raw[];
   // Everything below is derived again after each role's setmaxnreg (from the parameters and smem_raw): a
@@ -365,8 +373,13 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers>::kThread
     // the last turn passes none on. Every consumer takes every turn, even with no rows in the item: a ring
     // whose members changed from item to item let a consumer's first arrival of one item land on a barrier
     // still counting the last item's turns (a hang at 3,16,3000,64).
-    auto take_turn = [&] { fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads); };
-    auto pass_turn = [&] { fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads); };
+    // (One consumer has no one to take turns with.)
+    auto take_turn = [&] {
+      if constexpr (kConsumers > 1) fc::named_barrier_sync(my_turn, 2 * fc::kWarpgroupThreads);
+    };
+    auto pass_turn = [&] {
+      if constexpr (kConsumers > 1) fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);
+    };
     if (g == kConsumers - 1) pass_turn();
     if (g >= it.consumers) {
       // No rows in this item: relay the turns, and release each slot as it fills, so every barrier's count
@@ -517,13 +530,12 @@ static int sm_count() {
   return sms;
 }
 
-template <int kHeadDim, int kBlockN, int kConsumers, typename T>
+template <class Cfg, int kHeadDim, int kBlockN, typename T>
 const char* launch(const FlashcoreParams& p, Items items, cudaStream_t stream) {
-  using Cfg = Config<kHeadDim, kBlockN, kConsumers>;
   constexpr int kBlockM = Cfg::kBlockM;
   constexpr CUtensorMapDataType kType =
       std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const auto kernel = v12_fwd<kHeadDim, kBlockN, kConsumers, T>;
+  const auto kernel = v12_fwd<kHeadDim, kBlockN, Cfg::kConsumers, Cfg::kStages, T>;
   if (const char* err = fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes)) return err;
   const int bh = p.batch * p.heads;
   Maps maps;
@@ -541,9 +553,12 @@ const char* launch(const FlashcoreParams& p, Items items, cudaStream_t stream) {
 // Tiles: 128 keys per K/V tile everywhere (192 measured 394 vs 418 TFLOP/s at 2,16,4096,64; 176 at D = 128
 // does not fit next to the ones panels).
 constexpr int kKeysPerTile = 128;
-using Cfg64 = Config<64, kKeysPerTile, 2>;
-using Cfg64Wide = Config<64, kKeysPerTile, 3>;
-using Cfg128 = Config<128, kKeysPerTile, 2>;
+using Cfg64 = Config<64, kKeysPerTile, 2, 2>;
+using Cfg64Wide = Config<64, kKeysPerTile, 3, 2>;
+using Cfg128 = Config<128, kKeysPerTile, 2, 2>;
+// Grids of less than one wave of 128-row items (1,8,512,64: 32 items on 132 SMs): one consumer per CTA, 64-row
+// items, twice the CTAs, and four slots, so a 512-key head's K and V are all in flight at once.
+using Cfg64Short = Config<64, kKeysPerTile, 1, 4>;
 
 // D = 64's grid. Three consumers (192 rows) do more per SM than two: a 192-row item takes ~1.33x a 128-row
 // one (measured 1.32-1.37x), but 192-row items quantize the work into fewer, longer rounds. So the item list
@@ -551,7 +566,7 @@ using Cfg128 = Config<128, kKeysPerTile, 2>;
 // plan whose busiest CTA finishes first wins (ties: the plain 2-consumer list). Candidates: plain lists of
 // 128 or 192 rows, and mixed lists that end every head with 128-row items instead of its last k 192-row ones.
 struct Plan {
-  int consumers;  // 2 or 3: the kernel
+  int consumers;  // 1, 2 or 3: the kernel
   Items items;
 };
 
@@ -574,6 +589,10 @@ static Plan plan_d64(const FlashcoreParams& p) {
   const long bh = static_cast<long>(p.batch) * p.heads;
   const int tiles128 = fc::ceil_div(p.seq_len, 128), tiles192 = fc::ceil_div(p.seq_len, 192);
   Plan plain2 = {2, {tiles128, 0}}, plain3 = {3, {tiles192, 0}};
+  // One wave of 64-row items (1,8,512,64: 64 CTAs): the one-consumer kernel. Past one wave it lost: 2,8,1024,64
+  // (256 items, two rounds) 21.6 us against 16.8 for one round of 128 two-consumer items.
+  const int tiles64 = fc::ceil_div(p.seq_len, 64);
+  if (bh * tiles64 <= sms) return {1, {tiles64, 0}};
   if (p.causal) return tiles192 * bh >= 8L * sms ? plain3 : plain2;  // causal: 336 vs 343 TFLOP/s at 4096 rows
   if (bh * tiles128 > 24L * sms) return plain3;  // 24+ waves: quantization is noise, 192 rows win per SM
   // The last plan asked for, kept: replaying ~10 plans of up to 24 rounds costs tens of microseconds a call.
@@ -606,16 +625,18 @@ static Plan plan_for(const FlashcoreParams& p) {
 int flashcore_dtypes() { return (1 << kFlashcoreFloat16) | (1 << kFlashcoreBFloat16); }
 
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
-  if (head_dim == 64 && max_plans >= 4) {
-    plans[0] = {"v12_fwd<64, 128, 2, __half>", Cfg64::kThreads, Cfg64::kSmemBytes};
-    plans[1] = {"v12_fwd<64, 128, 3, __half>", Cfg64Wide::kThreads, Cfg64Wide::kSmemBytes};
-    plans[2] = {"v12_fwd<64, 128, 2, __nv_bfloat16>", Cfg64::kThreads, Cfg64::kSmemBytes};
-    plans[3] = {"v12_fwd<64, 128, 3, __nv_bfloat16>", Cfg64Wide::kThreads, Cfg64Wide::kSmemBytes};
-    return 4;
+  if (head_dim == 64 && max_plans >= 6) {
+    plans[0] = {"v12_fwd<64, 128, 2, 2, __half>", Cfg64::kThreads, Cfg64::kSmemBytes};
+    plans[1] = {"v12_fwd<64, 128, 3, 2, __half>", Cfg64Wide::kThreads, Cfg64Wide::kSmemBytes};
+    plans[2] = {"v12_fwd<64, 128, 1, 4, __half>", Cfg64Short::kThreads, Cfg64Short::kSmemBytes};
+    plans[3] = {"v12_fwd<64, 128, 2, 2, __nv_bfloat16>", Cfg64::kThreads, Cfg64::kSmemBytes};
+    plans[4] = {"v12_fwd<64, 128, 3, 2, __nv_bfloat16>", Cfg64Wide::kThreads, Cfg64Wide::kSmemBytes};
+    plans[5] = {"v12_fwd<64, 128, 1, 4, __nv_bfloat16>", Cfg64Short::kThreads, Cfg64Short::kSmemBytes};
+    return 6;
   }
   if (head_dim == 128 && max_plans >= 2) {
-    plans[0] = {"v12_fwd<128, 128, 2, __half>", Cfg128::kThreads, Cfg128::kSmemBytes};
-    plans[1] = {"v12_fwd<128, 128, 2, __nv_bfloat16>", Cfg128::kThreads, Cfg128::kSmemBytes};
+    plans[0] = {"v12_fwd<128, 128, 2, 2, __half>", Cfg128::kThreads, Cfg128::kSmemBytes};
+    plans[1] = {"v12_fwd<128, 128, 2, 2, __nv_bfloat16>", Cfg128::kThreads, Cfg128::kSmemBytes};
     return 2;
   }
   return 0;
@@ -626,10 +647,13 @@ static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
     case 64: {
       const Plan plan = plan_for(p);
-      return plan.consumers == 3 ? launch<64, kKeysPerTile, 3, T>(p, plan.items, stream)
-                                 : launch<64, kKeysPerTile, 2, T>(p, plan.items, stream);
+      switch (plan.consumers) {
+        case 1: return launch<Cfg64Short, 64, kKeysPerTile, T>(p, plan.items, stream);
+        case 3: return launch<Cfg64Wide, 64, kKeysPerTile, T>(p, plan.items, stream);
+        default: return launch<Cfg64, 64, kKeysPerTile, T>(p, plan.items, stream);
+      }
     }
-    case 128: return launch<128, kKeysPerTile, 2, T>(p, plan_for(p).items, stream);
+    case 128: return launch<Cfg128, 128, kKeysPerTile, T>(p, plan_for(p).items, stream);
     default: return fc::unsupported_head_dim(p.head_dim);
   }
 }
