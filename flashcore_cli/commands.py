@@ -298,7 +298,7 @@ def render_bench(run) -> None:
                 speed = f"{sdpa / r.median:.2f}x" if sdpa else "-"
                 table.add_row(
                     r.name, styled(r.status), f"{r.median:.1f}", f"{r.timing['p10_us']:.1f}", f"{r.timing['p90_us']:.1f}",
-                    f"{tflops:.1f}", speed, timing_note(r.kind, r.timing),
+                    f"{tflops:.1f}", speed, timing_note(r.kind, r.timing) + (f", {r.detail}" if r.detail else ""),
                 )  # fmt: skip
             else:
                 table.add_row(r.name, styled(r.status), "-", "-", "-", "-", "-", (r.detail or "").splitlines()[0][:120] if r.detail else "")

@@ -140,6 +140,8 @@ def task_references(spec: dict, events: Events) -> None:
             except Exception as exc:  # a backend that cannot run this shape: say so and go on
                 events.emit("reference-skipped", name=name, reason=_first_line(exc))
                 continue
+            describe = getattr(fn, "describe", None)  # what the row runs, when it chose (Triton's tuned tile)
+            detail = describe() if describe else ""
             for mode in modes:
                 try:
                     timing = time_callable(fn, mode=mode, reps=spec["reps"], warmup=spec["warmup"], flusher=flusher)
@@ -147,7 +149,7 @@ def task_references(spec: dict, events: Events) -> None:
                     reason = str(exc) if isinstance(exc, TimingError) else _first_line(exc)
                     events.emit("reference-skipped", name=name, mode=mode, reason=reason)
                     continue
-                events.emit("timing", name=name, **timing.as_dict())
+                events.emit("timing", name=name, detail=detail, **timing.as_dict())
 
 
 def _first_line(exc: BaseException) -> str:

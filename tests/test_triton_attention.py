@@ -96,6 +96,7 @@ def test_imports_without_triton_or_torch():
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         assert mod.available() is False
+        assert mod.tuned_config() == ""  # nothing tuned, nothing to report
         reason = mod.unavailable_reason()
         assert "triton" in reason, reason
         try:

@@ -110,7 +110,8 @@ def bench_references(case: Case, *, reps: int, warmup: int, timeout: float, mode
     crash = worker.find("crash")
     rows: dict[str, list[BenchRow]] = {}
     for mode in modes:
-        rows[mode] = [BenchRow(e["name"], "reference", "OK", _timing(e)) for e in worker.find("timing") if _in_mode(e, mode)]
+        rows[mode] = [BenchRow(e["name"], "reference", "OK", _timing(e), detail=e.get("detail", ""))
+                      for e in worker.find("timing") if _in_mode(e, mode)]  # fmt: skip
         rows[mode] += [BenchRow(e["name"], "reference", "SKIP", detail=e["reason"])
                        for e in worker.find("reference-skipped") if _in_mode(e, mode)]  # fmt: skip
         if worker.status != "done" or crash:

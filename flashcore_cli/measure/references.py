@@ -49,7 +49,12 @@ def reference_functions(q, k, v, causal: bool):
         rows.append(("triton", None, None, f"the Triton reference could not be imported: {exc}"))
         return rows
     if triton_attention.available():
-        rows.append(("triton", lambda: triton_attention.triton_attention(q, k, v, causal=causal), contextlib.nullcontext(), ""))
+
+        def triton():
+            return triton_attention.triton_attention(q, k, v, causal=causal)
+
+        triton.describe = triton_attention.tuned_config  # the tile it runs, known after the first (tuning) call
+        rows.append(("triton", triton, contextlib.nullcontext(), ""))
     else:
         rows.append(("triton", None, None, triton_attention.unavailable_reason()))
     return rows

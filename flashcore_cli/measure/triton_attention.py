@@ -26,7 +26,7 @@ tile instead of autotuning (that is how the CPU tests exercise it).
 import math
 from typing import Optional
 
-__all__ = ["triton_attention", "available", "unavailable_reason", "CONFIGS", "SUPPORTED_HEAD_DIMS"]
+__all__ = ["triton_attention", "available", "unavailable_reason", "tuned_config", "CONFIGS", "SUPPORTED_HEAD_DIMS"]
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 
@@ -211,6 +211,20 @@ def unavailable_reason() -> str:
     if not torch.cuda.is_available():
         return "no CUDA device (torch.cuda.is_available() is False)"
     return ""
+
+
+def tuned_config() -> str:
+    """The tile the autotuner chose for the last shape it ran, e.g. "tile 64x64, 4 warps, 3 stages" ('' before
+    any tuned call, under the interpreter, or without triton). Bench records carry it: the choice is made per
+    process from warm timings, so two runs can time different tiles."""
+    if triton is None or _interpreting():
+        return ""
+    config = getattr(_attn_fwd_tuned, "best_config", None)
+    kwargs = getattr(config, "kwargs", None) or {}
+    if "BLOCK_M" not in kwargs or "BLOCK_N" not in kwargs:
+        return ""
+    return (f"tile {kwargs['BLOCK_M']}x{kwargs['BLOCK_N']}, {getattr(config, 'num_warps', '?')} warps, "
+            f"{getattr(config, 'num_stages', '?')} stages")
 
 
 def available() -> bool:

@@ -1,0 +1,56 @@
+"""A reference row that says what it ran (Triton's autotuned tile) keeps that in the bench's rows and record:
+the worker is faked (no GPU), bench_references and the command's record are real."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from flashcore_cli.cli import app
+from flashcore_cli.measure import bench
+from flashcore_cli.registry.shapes import Case, Shape
+
+runner = CliRunner()
+TIMING = {"median_us": 9.9, "p10_us": 9.8, "p90_us": 10.2, "mode": "cold"}
+
+
+class FakeWorker:
+    status = "done"
+    log_tail = ""
+
+    def __init__(self, events):
+        self.events = events
+
+    def find(self, kind):
+        return [e for e in self.events if e["event"] == kind]
+
+
+def fake_run_worker(spec, run_timeout, on_event=None):
+    assert spec["task"] == "references"
+    return FakeWorker([
+        {"event": "environment", "gpu": "fake"},
+        {"event": "timing", "name": "sdpa", "detail": "", **TIMING},
+        {"event": "timing", "name": "triton", "detail": "tile 64x64, 4 warps, 3 stages", **TIMING},
+    ])  # fmt: skip
+
+
+def test_reference_rows_carry_the_workers_detail(monkeypatch):
+    monkeypatch.setattr(bench, "run_worker", fake_run_worker)
+    rows, env = bench.bench_references(Case(Shape(1, 8, 512, 64), False, 0), reps=100, warmup=1, timeout=10)
+    got = {r.name: (r.status, r.detail, r.timing["median_us"]) for r in rows["cold"]}
+    assert got == {"sdpa": ("OK", "", 9.9), "triton": ("OK", "tile 64x64, 4 warps, 3 stages", 9.9)}
+    assert env == {"gpu": "fake"}
+
+
+def test_the_bench_record_keeps_the_reference_detail(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "run_worker", fake_run_worker)
+    monkeypatch.setattr(bench, "bench_variant", lambda *a, modes=("cold",), **k: {})
+    monkeypatch.setattr("flashcore_cli.commands.require_gpu", lambda command: None)
+    monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path / "results"))
+    out = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", "--json", str(out), "--arch", "sm_90"])
+    assert result.exit_code == 0, result.output
+    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["triton"]["detail"] == "tile 64x64, 4 warps, 3 stages"
+    assert rows["triton"]["median_us"] == 9.9 and rows["sdpa"]["detail"] == ""
