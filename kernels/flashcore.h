@@ -82,6 +82,21 @@ inline const char* launch_status() {
   return err == cudaSuccess ? nullptr : message("kernel launch failed: %s", cudaGetErrorString(err));
 }
 
+// The SM count of the device current at the first call (kept for the process): the launchers size grids and
+// pick regimes by it. 132 (an H100's or H200's) when it cannot be read, e.g. in a host-only check without a GPU.
+inline int sm_count() {
+  static const int count = [] {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();  // clear it: the next launch must not report this as its own error
+      return 132;
+    }
+    return sms;
+  }();
+  return count;
+}
+
 // Raises a kernel's dynamic shared memory limit to `bytes` after checking the device's opt-in maximum,
 // so that a tile that does not fit is a clear error before launch, never an "unspecified launch failure".
 template <typename Kernel>

@@ -617,19 +617,6 @@ static const char* launch_tma(const FlashcoreParams& p, cudaStream_t stream, boo
   return fc::launch_status();
 }
 
-static int sm_count() {
-  static const int count = [] {
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      return 132;  // an H100's count; only the regime choice depends on it
-    }
-    return sms;
-  }();
-  return count;
-}
-
-
 // At D=64 an sm_90 build takes the TMA kernel of the regime (CfgTma; void at D=128, whose 256-byte rows one
 // 128-byte-swizzled box does not cover), unless the driver cannot make its tensor maps; the cp.async kernels
 // remain for older GPUs and D=128.
@@ -647,7 +634,7 @@ static const char* launch_prefer_tma(const FlashcoreParams& p, cudaStream_t stre
 
 template <class Long, class LongTma, class Short, class ShortTma, class T>
 static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
-  if (pick_regime(p.batch * p.heads, p.seq_len, Long::kBlockM, sm_count()) == Regime::kShort) {
+  if (pick_regime(p.batch * p.heads, p.seq_len, Long::kBlockM, fc::sm_count()) == Regime::kShort) {
     return launch_prefer_tma<Short, ShortTma, T>(p, stream);
   }
   return launch_prefer_tma<Long, LongTma, T>(p, stream);

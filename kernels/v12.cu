@@ -77,8 +77,10 @@
 
 constexpr int kSchedBarrier = 1;  // named barriers 1 .. kConsumers: the consumers' GEMM turns; then one per consumer
 
-template <int kHeadDim, int kBlockN, int kConsumers_, int kStages_>
+template <int kHeadDim_, int kBlockN_, int kConsumers_, int kStages_>
 struct Config {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = kBlockN_;  // keys per K/V tile
   static constexpr int kConsumers = kConsumers_;                           // consumer warpgroups, 64 rows each
   static constexpr int kStages = kStages_;  // K/V ring slots (2 for long runs: 3 at D = 64 measured 408 vs 420)
   static constexpr int kBlockM = 64 * kConsumers;                          // Br: query rows per CTA
@@ -517,22 +519,9 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>
   }
 }
 
-static int sm_count() {
-  static const int sms = [] {
-    int device = 0, count = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      cudaGetLastError();
-      return 132;
-    }
-    return count;
-  }();
-  return sms;
-}
-
-template <class Cfg, int kHeadDim, int kBlockN, typename T>
+template <class Cfg, typename T>
 const char* launch(const FlashcoreParams& p, Items items, cudaStream_t stream) {
-  constexpr int kBlockM = Cfg::kBlockM;
+  constexpr int kHeadDim = Cfg::kHeadDim, kBlockN = Cfg::kBlockN, kBlockM = Cfg::kBlockM;
   constexpr CUtensorMapDataType kType =
       std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const auto kernel = v12_fwd<kHeadDim, kBlockN, Cfg::kConsumers, Cfg::kStages, T>;
@@ -546,7 +535,7 @@ const char* launch(const FlashcoreParams& p, Items items, cudaStream_t stream) {
     return fc::message("v12: the driver refused a TMA tensor map (is the driver new enough, the tensor 16-byte aligned?)");
   }
   const int num_items = (items.big + items.small) * bh;
-  kernel<<<std::min(num_items, sm_count()), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps, items);
+  kernel<<<std::min(num_items, fc::sm_count()), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, maps, items);
   return fc::launch_status();
 }
 
@@ -556,8 +545,8 @@ constexpr int kKeysPerTile = 128;
 using Cfg64 = Config<64, kKeysPerTile, 2, 2>;
 using Cfg64Wide = Config<64, kKeysPerTile, 3, 2>;
 using Cfg128 = Config<128, kKeysPerTile, 2, 2>;
-// Grids of less than one wave of 128-row items (1,8,512,64: 32 items on 132 SMs): one consumer per CTA, 64-row
-// items, twice the CTAs, and four slots, so a 512-key head's K and V are all in flight at once.
+// Grids of one wave of 64-row items (1,8,512,64: 64 on 132 SMs, where 128-row items made 32): one consumer per
+// CTA, twice the CTAs, and four slots, so a 512-key head's K and V are all in flight at once.
 using Cfg64Short = Config<64, kKeysPerTile, 1, 4>;
 
 // D = 64's grid. Three consumers (192 rows) do more per SM than two: a 192-row item takes ~1.33x a 128-row
@@ -585,7 +574,7 @@ static double items_makespan(const FlashcoreParams& p, Items items, int sms) {
 }
 
 static Plan plan_d64(const FlashcoreParams& p) {
-  const int sms = sm_count();
+  const int sms = fc::sm_count();
   const long bh = static_cast<long>(p.batch) * p.heads;
   const int tiles128 = fc::ceil_div(p.seq_len, 128), tiles192 = fc::ceil_div(p.seq_len, 192);
   Plan plain2 = {2, {tiles128, 0}}, plain3 = {3, {tiles192, 0}};
@@ -648,12 +637,12 @@ static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
     case 64: {
       const Plan plan = plan_for(p);
       switch (plan.consumers) {
-        case 1: return launch<Cfg64Short, 64, kKeysPerTile, T>(p, plan.items, stream);
-        case 3: return launch<Cfg64Wide, 64, kKeysPerTile, T>(p, plan.items, stream);
-        default: return launch<Cfg64, 64, kKeysPerTile, T>(p, plan.items, stream);
+        case 1: return launch<Cfg64Short, T>(p, plan.items, stream);
+        case 3: return launch<Cfg64Wide, T>(p, plan.items, stream);
+        default: return launch<Cfg64, T>(p, plan.items, stream);
       }
     }
-    case 128: return launch<Cfg128, 128, kKeysPerTile, T>(p, plan_for(p).items, stream);
+    case 128: return launch<Cfg128, T>(p, plan_for(p).items, stream);
     default: return fc::unsupported_head_dim(p.head_dim);
   }
 }
