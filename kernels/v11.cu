@@ -62,6 +62,9 @@
 // Tried and not kept (H200, 1,8,512,64 unless named):
 //   - cluster split-K (sm_90: the CTAs of a query tile form a cluster along the keys, merged by DSMEM bulk
 //     pushes): 10.0-13.3 us vs 8.8 for v11_fwd_tma; its two merges cost ~2.8 us, more than the loads save;
+//   - cluster multicast (sm_90: clusters of 2 / 4 / 8 query tiles of a head, each CTA loading 1 / C of every
+//     stage for all): 9.8 / 11.6 / 12.4 us vs 8.1, graph 6.9 / 8.7 / 9.5 vs 5.6 (docs/ladder.md);
+//   - the tensor maps prefetched and the prologue's TMA issued before the CTA barrier: 8.1-8.2 vs 8.1-8.2 us;
 //   - the cp.async short kernel on sm_90: 9.4 us vs 9.1 (same tiles by TMA); 1,4,2048,64: 36.3 vs 23.5;
 //   - S of the next tile before this softmax (cp.async kernel) 10.6 us vs 9.5; per-stage mbarriers 9.9-10.4;
 //   - wider TMA tiles: 8.3-8.7 us, but 128-192 KB of shared memory, over the L4's 99 KB;

@@ -39,7 +39,7 @@
 //     causal           574-577       514-518                 270-273           1.11-1.12x
 //   1,16,16384,64      518-520       461-472                 304-306           1.10-1.12x
 //     causal           503-542       448-453                 279-280           1.11-1.21x
-//   1,8,512,64         11.2 us       10.9-11.2 us            13.8-14.2 us      0.97-1.00x of SDPA's time
+//   1,8,512,64         9.1-9.2 us    11.0 us                 13.9-14.0 us      0.83x of SDPA's time (this build)
 // Steps (TFLOP/s at 2,16,4096,64 | causal | 2,16,4096,128 | causal, bench runs beside the step before):
 //   one CTA per 128-row tile (3 consumers, 192 rows, once 8 waves): 421 | 348 | 630 | 513 (the record's)
 //   + D=64 lists of 192- and 128-row items (block scheduler fills the last wave): 449 | 345 | 634 | 526
@@ -51,9 +51,9 @@
 // head's K and V all in flight at once), no turns. 1,8,512,64 was 32 items of 128 rows, each 4 tiles end to end
 // through 2 slots: 10.7-10.9 us (ncu 9.4 us, tensor pipe 31%, long-scoreboard 1.5 per instruction); now 64 CTAs,
 // 9.4 us (graph 6.6 vs 8.2; causal 9.7 vs 10.9; 1,4,2048,64 20.2 vs 25.3; ncu 8.1 us, tensor pipe 19%, wait 2.3,
-// long scoreboard 1.3). Past one wave it loses (2,8,1024,64: 21.6 vs 16.8 us), so only then. v11's split-key short
-// kernel (8.1 us; ncu 6.8 us, 128 CTAs) stays the fastest rung at 1,8,512,64, and the 0.6x-of-SDPA target is not
-// met (docs/ladder.md: the floor).
+// long scoreboard 1.3); its first loads ahead of the ones panels (write_ones): 9.1-9.2 vs 9.5 (graph 6.2 vs 6.5).
+// Past one wave it loses (2,8,1024,64: 21.6 vs 16.8 us), so only then. v11's split-key short kernel (8.1 us; ncu
+// 6.8 us, 128 CTAs) stays the fastest rung at 1,8,512,64; the 0.6x-of-SDPA target is not met (docs/ladder.md).
 //
 // ncu on the committed build: D=128 421 us, tensor pipe 79.5% active, top stalls wait 2.45, long scoreboard 0.86,
 // barrier 0.60 per instruction (a tie with cuDNN, not a margin); D=64 280 us, tensor pipe 59.6%.
@@ -296,15 +296,22 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>
     }
     fc::fence_mbarrier_init();
   }
-  // The ones panels after each V slot, written once; the tensor cores read them
-  // through the async proxy, hence the fence before the barrier.
-  for (int slot = 0; slot < kStages; ++slot) {
-    uint4* ones = reinterpret_cast<uint4*>(smem() + Cfg::kVOffset + slot * Cfg::kVSlotBytes + Cfg::kKVBytes);
-    for (int i = threadIdx.x; i < kBlockN * 128 / 16; i += Cfg::kThreads) {
-      ones[i] = make_uint4(kOnePair<T>, kOnePair<T>, kOnePair<T>, kOnePair<T>);
+  // The ones panels after each V slot, written once (from thread `first`, `stride` apart); the tensor cores
+  // read them through the async proxy, hence the fence before the threads meet. The long kernels write
+  // them with every thread here; the short one (one consumer, a latency-bound wave) leaves them to its
+  // consumer after the roles split, so the producer's first loads go out first: 1,8,512,64 9.1-9.4 us vs
+  // 9.3-9.6 (graph 6.3 vs 6.6). The same order in the long kernels read 284 vs 281 us at 2,16,4096,64
+  // and 429 vs 423 at D = 128 (ptxas scheduled their loops differently), so they keep this one.
+  auto write_ones = [&](int first, int stride) {
+    for (int slot = 0; slot < kStages; ++slot) {
+      uint4* ones = reinterpret_cast<uint4*>(smem() + Cfg::kVOffset + slot * Cfg::kVSlotBytes + Cfg::kKVBytes);
+      for (int i = first; i < kBlockN * 128 / 16; i += stride) {
+        ones[i] = make_uint4(kOnePair<T>, kOnePair<T>, kOnePair<T>, kOnePair<T>);
+      }
     }
-  }
-  fc::fence_proxy_async_shared();
+    fc::fence_proxy_async_shared();
+  };
+  if constexpr (kConsumers > 1) write_ones(threadIdx.x, Cfg::kThreads);
   __syncthreads();
 
   if (threadIdx.x < fc::kWarpgroupThreads) {
@@ -361,6 +368,11 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>
   const uint64_t desc_v0 = fc::wgmma_desc_sw128(v_tiles, kBlockN * 128, 1024);
   constexpr uint64_t kKSlotStep = Cfg::kKVBytes >> 4;  // one ring slot further, in descriptor units
   constexpr uint64_t kVSlotStep = Cfg::kVSlotBytes >> 4;
+
+  if constexpr (kConsumers == 1) {  // the short kernel's ones panels, while the first loads fly
+    write_ones(tid, fc::kWarpgroupThreads);
+    fc::named_barrier_sync(kSchedBarrier, fc::kWarpgroupThreads);  // one consumer takes no turns: id free
+  }
 
   const int my_turn = kSchedBarrier + g, next_turn = kSchedBarrier + (g + 1) % kConsumers;
   int t = 0;  // K/V tiles of this CTA's earlier items: tile n of this item sits in slot (t + n) % kStages
