@@ -30,16 +30,16 @@
 //
 // Run:  flashcore test v12 && flashcore bench v12 --shape 2,16,4096,128 && flashcore sass v12
 //
-// Measured (H200, `flashcore bench`, L2 flushed, cold mode; two runs per shape of the build before the TMA-store
-// epilogue, one of them in docs/results/h200.json; the last step below is this build beside that one):
+// Measured (H200, `flashcore bench`, L2 flushed, cold mode; the record docs/results/h200.json of this build
+// beside two runs of the build before the TMA-store epilogue; ranges cover all three):
 //   shape              v12 TFLOP/s   SDPA default (cuDNN)   SDPA flash (FA2)   v12 / SDPA default
-//   2,16,4096,64       488           459-464                 294-295           1.05-1.07x
-//     causal           388-389       367-372                 231-235           1.04-1.06x
-//   2,16,4096,128      650-656       649-658                 349-351           1.00x (0.997, 1.001; this build 1.002)
-//     causal           574-577       514-518                 270-273           1.11-1.12x
-//   1,16,16384,64      518-520       461-472                 304-306           1.10-1.12x
-//     causal           503-542       448-453                 279-280           1.11-1.21x
-//   1,8,512,64         9.1-9.2 us    11.0 us                 13.9-14.0 us      0.83x of SDPA's time (this build)
+//   2,16,4096,64       488           458-464                 292-295           1.05-1.07x
+//     causal           387-389       367-372                 231-235           1.04-1.06x
+//   2,16,4096,128      633-656       637-658                 346-351           1.00x (0.997, 1.001, 1.004; 0.99)
+//     causal           568-577       508-518                 269-273           1.11-1.12x
+//   1,16,16384,64      508-520       458-472                 300-306           1.10-1.12x
+//     causal           484-542       438-453                 279-281           1.10-1.21x
+//   1,8,512,64         9.1-9.2 us    10.9-11.0 us            13.9-14.5 us      0.83x of SDPA's time
 // Steps (TFLOP/s at 2,16,4096,64 | causal | 2,16,4096,128 | causal, bench runs beside the step before):
 //   one CTA per 128-row tile (3 consumers, 192 rows, once 8 waves): 421 | 348 | 630 | 513 (the record's)
 //   + D=64 lists of 192- and 128-row items (block scheduler fills the last wave): 449 | 345 | 634 | 526
