@@ -299,9 +299,9 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>
   // The ones panels after each V slot, written once (from thread `first`, `stride` apart); the tensor cores
   // read them through the async proxy, hence the fence before the threads meet. The long kernels write
   // them with every thread here; the short one (one consumer, a latency-bound wave) leaves them to its
-  // consumer after the roles split, so the producer's first loads go out first: 1,8,512,64 9.1-9.4 us vs
-  // 9.3-9.6 (graph 6.3 vs 6.6). The same order in the long kernels read 284 vs 281 us at 2,16,4096,64
-  // and 429 vs 423 at D = 128 (ptxas scheduled their loops differently), so they keep this one.
+  // consumer after the roles split, so the producer's first loads go out first: 1,8,512,64 9.1-9.2 us vs
+  // 9.5 (graph 6.2 vs 6.5). The same order in the long kernels read 284 vs 281 us at 2,16,4096,64 and 429
+  // vs 423 at D = 128 (ptxas scheduled their loops differently), so they keep this one.
   auto write_ones = [&](int first, int stride) {
     for (int slot = 0; slot < kStages; ++slot) {
       uint4* ones = reinterpret_cast<uint4*>(smem() + Cfg::kVOffset + slot * Cfg::kVSlotBytes + Cfg::kKVBytes);
