@@ -35,15 +35,10 @@
 //
 // Run:  flashcore test v11 && flashcore bench v11 --shape 1,8,512,64 && flashcore bench v11 --shape 2,16,4096,64
 //
-// Accuracy: l_i sums the fp16 P that P V multiplies (one more mma per k16 step: P times a ones column), not
-// the fp32 P. m_i * scale * log2 e is rounded, so exp2 at a row's max is 1 +- 2^-11 and its fp16 rounding put
-// O / l one ulp off on one-hot rows (q = k = v = randn * 30: 0.0625, where SDPA and every other rung are exact;
-// exact now in a CPU emulation of the fragment arithmetic). Predicted cost per warp and tile: kMTiles * BLOCK_N
-// / 16 more HMMA (+6% at D=64, +3% at D=128), 4 * kMTiles * kNTiles - 2 fewer FADD (TMA kernel: +4 HMMA, -30
-// FADD) and no quad reduction at the end: 40-125 fewer SASS instructions per kernel. Measured: 3.6% slower at
-// 2,16,4096,64 (457 vs 441 us); exp2((s - m) * c) with fp32 row sums 463 vs 455-458 us; four more exact forms
-// (half2 sums, an exact branch, an end correction) 455-489 vs 453-461 (docs/ladder.md: the pre-fix schedule).
-// K and V by TMA in the long D=64 kernel (sm_90) won it back: 433-436 us vs 436-437 for the pre-fix build.
+// Accuracy: l_i sums the fp16 P that P V multiplies (one more mma per k16 step: P times a ones column), so
+// one-hot rows (q = k = v = randn * 30) are exact, as in SDPA (summing fp32 P: 0.0625). It cost 3.6% at
+// 2,16,4096,64 (457 vs 441 us, a ptxas schedule); K and V by TMA in the long D=64 kernel won it back (433-436
+// us). Five other exact forms, their costs and the schedule study: docs/ladder.md, "Accuracy".
 //
 // ptxas (nvcc 13.0; no static smem, spills or stack), registers sm_90 | sm_89 (v11_fwd_tma, sm_90 only: long
 // <64, 128, 64, 32, 2, 1, 2> 221, short <64, 32, 64, 16, 3, 2, 1> 174):
@@ -59,17 +54,11 @@
 //   2,16,4096,128      359 TFLOP/s (bf16 360)     639 (661)   346 (341)  1.04x FA2 (bf16 1.06x)
 // Where the 1,8,512,64 time goes (docs/ladder.md: timelines, ablations, floor study): an empty kernel ~3.5 us;
 // loads, merge and the mma work with no softmax at all 7.2-7.3 (0.61x of SDPA); v11's softmax ~1.5 us more.
-// Tried and not kept (H200, 1,8,512,64 unless named):
-//   - cluster split-K (sm_90: the CTAs of a query tile form a cluster along the keys, merged by DSMEM bulk
-//     pushes): 10.0-13.3 us vs 8.8 for v11_fwd_tma; its two merges cost ~2.8 us, more than the loads save;
-//   - cluster multicast (sm_90: clusters of 2 / 4 / 8 query tiles of a head, each CTA loading 1 / C of every
-//     stage for all): 9.8 / 11.6 / 12.4 us vs 8.1, graph 6.9 / 8.7 / 9.5 vs 5.6 (docs/ladder.md);
-//   - the tensor maps prefetched and the prologue's TMA issued before the CTA barrier: 8.1-8.2 vs 8.1-8.2 us;
-//   - the cp.async short kernel on sm_90: 9.4 us vs 9.1 (same tiles by TMA); 1,4,2048,64: 36.3 vs 23.5;
-//   - S of the next tile before this softmax (cp.async kernel) 10.6 us vs 9.5; per-stage mbarriers 9.9-10.4;
-//   - wider TMA tiles: 8.3-8.7 us, but 128-192 KB of shared memory, over the L4's 99 KB;
-//   - 16-row CTAs two per SM: 9.0-9.3 us (causal 8.5-8.9 vs 9.0); FlashAttention-4's lazy rescale (a -D
-//     switch, never measured faster, 1.75x FA2's error on peaked rows in a CPU emulation).
+// Tried and not kept (H200, 1,8,512,64; details in docs/ladder.md): clusters along the keys merged by DSMEM
+// 10.0-13.3 us vs 8.8; clusters of 2 / 4 / 8 query tiles sharing K/V by TMA multicast 9.8 / 11.6 / 12.4 vs 8.1;
+// tensor maps prefetched, prologue TMA before the CTA barrier 8.1-8.2 vs 8.1-8.2; the cp.async short kernel on
+// sm_90 9.4 vs 9.1; next S before this softmax (cp.async) 10.6 vs 9.5; wider TMA tiles 8.3-8.7 (over the L4's
+// 99 KB); 16-row CTAs two per SM 9.0-9.3; FlashAttention-4's lazy rescale (never faster, 1.75x FA2's error).
 #include "flashcore.h"
 #include "fa2_mma.cuh"
 #include "mbarrier.cuh"

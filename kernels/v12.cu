@@ -40,20 +40,15 @@
 //   1,16,16384,64      508-520       458-472                 300-306           1.10-1.12x
 //     causal           484-542       438-453                 279-281           1.10-1.21x
 //   1,8,512,64         9.1-9.2 us    10.9-11.0 us            13.9-14.5 us      0.83x of SDPA's time
-// Steps (TFLOP/s at 2,16,4096,64 | causal | 2,16,4096,128 | causal, bench runs beside the step before):
-//   one CTA per 128-row tile (3 consumers, 192 rows, once 8 waves): 421 | 348 | 630 | 513 (the record's)
-//   + D=64 lists of 192- and 128-row items (block scheduler fills the last wave): 449 | 345 | 634 | 526
-//   + persistent CTAs, next Q_i during the epilogue, stores from registers: 482-486 | 350 | 657 | 520
-//   + every consumer takes every turn (the ring changing members hung 3,16,3000,64): 490 | 345 | 650 | 523
-//   + snake rounds (causal: the busiest CTA's load 144 -> 128 tiles): 488 | 389 | 650 | 574
-//   + O staged in a tile of its own and stored by TMA (was: from registers): 494 vs 490 | 394 vs 393 | 646 vs 634 | -
+// Steps (TFLOP/s at 2,16,4096,64 | causal | 2,16,4096,128 | causal; docs/ladder.md): one CTA per tile 421 | 348
+// | 630 | 513; mixed 192/128-row lists 449 | 345 | 634 | 526; persistent CTAs 482-486 | 350 | 657 | 520; every
+// consumer takes every turn 490 | 345 | 650 | 523; snake rounds 488 | 389 | 650 | 574; TMA-store epilogue
+// 494 | 394 | 646.
 // Short sequences (D=64, one wave of 64-row items): one consumer per CTA, 64-row items, 4 ring slots (a 512-key
-// head's K and V all in flight at once), no turns. 1,8,512,64 was 32 items of 128 rows, each 4 tiles end to end
-// through 2 slots: 10.7-10.9 us (ncu 9.4 us, tensor pipe 31%, long-scoreboard 1.5 per instruction); now 64 CTAs,
-// 9.4 us (graph 6.6 vs 8.2; causal 9.7 vs 10.9; 1,4,2048,64 20.2 vs 25.3; ncu 8.1 us, tensor pipe 19%, wait 2.3,
-// long scoreboard 1.3); its first loads ahead of the ones panels (write_ones): 9.1-9.2 vs 9.5 (graph 6.2 vs 6.5).
-// Past one wave it loses (2,8,1024,64: 21.6 vs 16.8 us), so only then. v11's split-key short kernel (8.1 us; ncu
-// 6.8 us, 128 CTAs) stays the fastest rung at 1,8,512,64; the 0.6x-of-SDPA target is not met (docs/ladder.md).
+// head's K and V all in flight at once), no turns, its first loads issued before the ones panels are written:
+// 1,8,512,64 9.1-9.2 us (two 128-row consumers: 10.7-10.9; graph 6.2 vs 8.2). Past one wave it loses (2,8,1024,64:
+// 21.6 vs 16.8 us). v11's split-key kernel (8.0-8.1 us) stays the fastest rung there; the 0.6x target is not met
+// (docs/ladder.md: the steps, ncu figures and the floor).
 //
 // ncu on the committed build: D=128 421 us, tensor pipe 79.5% active, top stalls wait 2.45, long scoreboard 0.86,
 // barrier 0.60 per instruction (a tie with cuDNN, not a margin); D=64 280 us, tensor pipe 59.6%.
