@@ -1,16 +1,29 @@
-"""The Python API: a registered variant as a callable usable from any PyTorch program.
+"""The Python API: a registered variant as a callable usable from any PyTorch program, training included.
 
     attn = load_variant("v11")
-    out = attn(q, k, v, causal=False, scale=None)        # q, k, v: [B, H, S, D] CUDA, fp16 (or bf16 where declared)
-    out = torch.ops.flashcore.v11(q, k, v, causal=True)  # the same kernel as a PyTorch custom op
+    out = attn(q, k, v, causal=False, scale=None)        # q [B, H, S, D]; k, v [B, H_kv, S_kv, D]; CUDA fp16/bf16
+    out, lse = attn(q, k, v, return_lse=True)            # lse: fp32 [B, H, S], natural log (variants with `lse`)
+    out.sum().backward()                                 # dq, dk, dv through the variant's backward
+    out, lse = torch.ops.flashcore.v11(q, k, v, causal=True)  # the same kernel as a PyTorch custom op
 
 Each variant is a custom op, flashcore::<name>, with the schema
-    (Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> Tensor
-a fake (meta) implementation that gives the output's shape, dtype and device, and a CUDA implementation that
-calls the variant's built extension. So torch.compile traces a model that calls it with no graph break, and
-CUDA graphs capture it. The op and its fake implementation are registered without building anything
-(register_op); the CUDA implementation builds (or loads from the cache) on its first call, unless
-load_variant built it already. The op is forward-only: it has no backward.
+    (Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> (Tensor out, Tensor lse)
+(lse is an empty tensor for a variant without the `lse` feature), a fake (meta) implementation that gives the
+outputs' shapes, dtypes and devices, a CUDA implementation that calls the variant's built extension, and an
+autograd formula (register_autograd). A variant with a backward also has flashcore::<name>_backward
+    (Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float? scale,
+     Tensor? grad_lse) -> (Tensor dq, Tensor dk, Tensor dv)
+which the formula calls; a forward-only variant's formula raises FlashcoreUnsupportedError naming it, so a
+gradient never silently stops at a flashcore kernel. So torch.compile traces a model — and its training step —
+that calls it with no graph break, and CUDA graphs capture it. The ops are registered without building anything
+(register_op); the CUDA implementations build (or load from the cache) on their first call, unless load_variant
+built the variant already.
+
+Causal masks are aligned bottom-right (query i sees keys j <= i + S_kv - S), as in FlashAttention 2.1+.
+
+An eager call that records no gradient skips the op's Python dispatch and calls the extension directly (the
+host cost of a call is then the binding's, whose C++ checks raise ValueError, re-raised here as
+FlashcoreInputError naming the variant).
 """
 
 from __future__ import annotations
@@ -21,11 +34,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from flashcore_cli.core.errors import FlashcoreEnvironmentError, FlashcoreInputError
+from flashcore_cli.core.errors import FlashcoreEnvironmentError, FlashcoreInputError, FlashcoreUnsupportedError
 from flashcore_cli.registry.variants import Variant, load_registry
 
 NAMESPACE = "flashcore"
-SCHEMA = "(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> Tensor"
+SCHEMA = "(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> (Tensor, Tensor)"
+BACKWARD_SCHEMA = ("(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float? scale, "
+                   "Tensor? grad_lse) -> (Tensor, Tensor, Tensor)")  # fmt: skip
 TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}  # registry name -> torch.<name>
 
 
@@ -54,9 +69,10 @@ def op_name(variant_name: str) -> str:
 
 
 def register_op(variant: Variant):
-    """Define flashcore::<name> for `variant` (schema, fake impl, CUDA impl) and return the op
-    (torch.ops.flashcore.<name>). Builds nothing. Idempotent: a second call for the same variant name returns
-    the same op, re-pointed at this Variant (e.g. another registry's) and keeping a module already built for it."""
+    """Define flashcore::<name> for `variant` (schema, fake impl, CUDA impl, autograd formula; and
+    flashcore::<name>_backward where it has a backward) and return the op (torch.ops.flashcore.<name>). Builds
+    nothing. Idempotent: a second call for the same variant name returns the same op, re-pointed at this
+    Variant (e.g. another registry's) and keeping a module already built for it."""
     import torch
 
     global _LIBRARY
@@ -70,27 +86,77 @@ def register_op(variant: Variant):
         _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
     entry = _OPS[name] = _Op(variant)
 
+    def module_for(t):
+        if entry.module is None:  # first call without load_variant: build (or load) for this GPU now
+            major, minor = torch.cuda.get_device_capability(t.device)
+            entry.module = _build(entry.variant, f"sm_{major}{minor}", force=False).module
+        return entry.module
+
     def fake(q, k, v, causal=False, scale=None):
         check_inputs(entry.variant, q, k, v, causal)
-        return torch.empty_like(q)
+        return torch.empty_like(q), _lse_like(entry.variant, q)
 
     def cuda(q, k, v, causal=False, scale=None):
         check_inputs(entry.variant, q, k, v, causal)
-        if entry.module is None:  # first call without load_variant: build (or load) for this GPU now
-            major, minor = torch.cuda.get_device_capability(q.device)
-            entry.module = _build(entry.variant, f"sm_{major}{minor}", force=False).module
-        return entry.module.forward(q, k, v, causal, scale, None)
+        module = module_for(q)
+        if entry.variant.supports("lse"):
+            return module.forward_lse(q, k, v, causal, scale)
+        return module.forward(q, k, v, causal, scale, None), _lse_like(entry.variant, q)
 
     _LIBRARY.define(name + SCHEMA)
     _LIBRARY.impl(name, cuda, "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIBRARY)
+
+    if variant.supports("backward"):
+
+        def backward_fake(grad_out, q, k, v, out, lse, causal, scale, grad_lse):
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+        def backward_cuda(grad_out, q, k, v, out, lse, causal, scale, grad_lse):
+            return module_for(q).backward(grad_out, q, k, v, out, lse, causal, scale, grad_lse)
+
+        _LIBRARY.define(name + "_backward" + BACKWARD_SCHEMA)
+        _LIBRARY.impl(name + "_backward", backward_cuda, "CUDA")
+        torch.library.register_fake(f"{NAMESPACE}::{name}_backward", backward_fake, lib=_LIBRARY)
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, causal, scale = inputs
+        out, lse = output
+        ctx.set_materialize_grads(False)  # an unused lse gets no gradient (None), not a tensor of zeros
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.scale = causal, scale
+
+    def backward(ctx, grad_out, grad_lse):
+        if not entry.variant.supports("backward"):
+            raise FlashcoreUnsupportedError(
+                f"{entry.variant.name} is forward-only: it has no backward, so no gradient can flow through it "
+                "(`flashcore list` shows the variants with one; or call it on detached tensors)"
+            )
+        q, k, v, out, lse = ctx.saved_tensors
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        op = getattr(getattr(torch.ops, NAMESPACE), name + "_backward")
+        dq, dk, dv = op(grad_out.contiguous(), q, k, v, out, lse, ctx.causal, ctx.scale,
+                        None if grad_lse is None else grad_lse.contiguous())  # fmt: skip
+        return dq, dk, dv, None, None
+
+    torch.library.register_autograd(f"{NAMESPACE}::{name}", backward, setup_context=setup_context, lib=_LIBRARY)
     return getattr(getattr(torch.ops, NAMESPACE), name)
+
+
+def _lse_like(variant: Variant, q):
+    """The op's second output: fp32 [B, H, S] where the variant computes the log-sum-exp, else empty."""
+    import torch
+
+    shape = tuple(q.shape[:3]) if variant.supports("lse") else (0,)
+    return q.new_empty(shape, dtype=torch.float32)
 
 
 def check_inputs(variant: Variant, q, k, v, causal: bool, out=None) -> None:
     """What can be checked from shapes, dtypes and devices alone (also on fake tensors, under torch.compile):
     FlashcoreInputError (a ValueError) naming the variant and the problem. Meta tensors pass the device check,
-    so the fake impl can be tested without a GPU."""
+    so the fake impl can be tested without a GPU. q (and out) [B, H, S, D]; k, v [B, H_kv, S_kv, D] with H_kv
+    a divisor of H, other than H only where the variant has `gqa`, S_kv other than S only with `seqlen_kv`."""
     import torch
 
     name = variant.name
@@ -108,19 +174,25 @@ def check_inputs(variant: Variant, q, k, v, causal: bool, out=None) -> None:
         if t.dim() != 4:
             raise FlashcoreInputError(f"{name}: {label} has shape {tuple(t.shape)}; expected 4-D [B, H, S, D]")
     for label, t in tensors.items():
-        if t.shape != q.shape:
-            raise FlashcoreInputError(
-                f"{name}: {label} has shape {tuple(t.shape)} but q has {tuple(q.shape)} (self-attention: all equal)"
-            )
+        like = k if label == "v" else q if label in ("out", "q") else None
+        if like is not None and t.shape != like.shape:
+            raise FlashcoreInputError(f"{name}: {label} has shape {tuple(t.shape)} but {'k' if label == 'v' else 'q'} has {tuple(like.shape)}")
         if t.dtype != q.dtype:
             raise FlashcoreInputError(f"{name}: {label} is {t.dtype} but q is {q.dtype}")
         if t.device != q.device:
             raise FlashcoreInputError(f"{name}: {label} is on {t.device} but q is on {q.device}")
         if not t.is_contiguous():
             raise FlashcoreInputError(f"{name}: {label} is not contiguous; call .contiguous() first")
-    reason = variant.unsupported_reason(q.shape[-1], bool(causal))
+    (batch, heads, seq, dim), (kb, heads_kv, seq_kv, kd) = q.shape, k.shape
+    if (kb, kd) != (batch, dim):
+        raise FlashcoreInputError(f"{name}: k has shape {tuple(k.shape)} but q has {tuple(q.shape)} (batch and head dim must match)")
+    if heads_kv < 1 or heads % heads_kv:
+        raise FlashcoreInputError(f"{name}: q has {heads} heads and k {heads_kv}: the query heads must be a multiple of the key/value heads")
+    if seq_kv < 1 and seq > 0:
+        raise FlashcoreInputError(f"{name}: k and v have no rows: attention needs at least one key")
+    reason = variant.unsupported_reason(dim, bool(causal), gqa=heads_kv != heads, seqlen_kv=seq_kv != seq)
     if reason:
-        raise FlashcoreInputError(reason)
+        raise FlashcoreInputError(f"{name}: {reason}" if not reason.startswith(name) else reason)
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,8 +204,9 @@ def _torch_dtypes(names: tuple[str, ...]) -> tuple:
 
 class Attention:
     """One built variant. Calls validate their inputs and raise FlashcoreInputError (a ValueError) naming
-    the problem — never a crash or silent garbage. A call without `out` runs the variant's custom op (what
-    torch.compile traces); `out=` writes into a given tensor, in eager mode only."""
+    the problem — never a crash or silent garbage. A call that records a gradient (or runs under
+    torch.compile) goes through the variant's custom op and its autograd formula; an eager call that records
+    none calls the extension directly. `out=` writes into a given tensor (eager, no gradient)."""
 
     def __init__(self, variant: Variant, build):
         self.variant = variant
@@ -141,6 +214,8 @@ class Attention:
         self._module = build.module
         self.op = register_op(variant)
         _OPS[op_name(variant.name)].module = build.module
+        self._head_dims = frozenset(variant.head_dims)
+        self._lse = variant.supports("lse")
 
     @property
     def name(self) -> str:
@@ -149,29 +224,53 @@ class Attention:
     def __repr__(self) -> str:
         return f"<flashcore variant {self.name} [{self.build.arch}] key={self.build.key}>"
 
-    def __call__(self, q, k, v, causal: bool = False, scale: float | None = None, out=None):
+    def __call__(self, q, k, v, causal: bool = False, scale: float | None = None, out=None, return_lse: bool = False):
         import torch
 
-        if not torch.compiler.is_compiling():  # traced, the fake impl checks what fake tensors can show
-            self._validate(q, k, v, causal, out)
+        if return_lse and not self._lse:
+            raise FlashcoreUnsupportedError(f"{self.name} does not compute the row log-sum-exp (it has no 'lse' feature)")
         scale = None if scale is None else float(scale)
-        if out is not None:
-            return self._module.forward(q, k, v, bool(causal), scale, out)
-        return self.op(q, k, v, bool(causal), scale)
+        causal = bool(causal)
+        if torch.compiler.is_compiling():  # traced: the fake impl checks what fake tensors can show
+            result = self.op(q, k, v, causal, scale)
+            return result if return_lse else result[0]
+        grad = torch.is_grad_enabled() and (_requires_grad(q) or _requires_grad(k) or _requires_grad(v))
+        if out is not None and (grad or return_lse):
+            raise FlashcoreInputError(f"{self.name}: out= records no gradient and returns no lse; call without out")
+        if grad or self._module is None or not _plain_cuda(q):
+            check_inputs(self.variant, q, k, v, causal, out)
+            self._check_alignment(q, k, v, out)
+            result = self.op(q, k, v, causal, scale)
+            return result if return_lse else result[0]
+        if q.shape[3] not in self._head_dims:  # the one registry fact the binding does not check itself
+            check_inputs(self.variant, q, k, v, causal, out)
+        try:
+            if return_lse:
+                return self._module.forward_lse(q, k, v, causal, scale)
+            return self._module.forward(q, k, v, causal, scale, out)
+        except (ValueError, TypeError) as exc:  # the binding's checks: one line, naming the variant
+            raise FlashcoreInputError(f"{self.name}: {str(exc).splitlines()[0]}") from None
 
     def plan(self, head_dim: int) -> list[tuple[str, int, int]]:
         return list(self._module.plan(head_dim))
 
-    def _validate(self, q, k, v, causal, out) -> None:
-        check_inputs(self.variant, q, k, v, causal, out)
+    def _check_alignment(self, q, k, v, out) -> None:
         for label, t in {"q": q, "k": k, "v": v, "out": out}.items():
-            if t is not None and not t.is_cuda:
-                raise FlashcoreInputError(f"{self.name}: {label} is on {t.device}; flashcore kernels need CUDA tensors")
-            if t is not None and t.data_ptr() % 16:
+            if t is not None and t.is_cuda and t.data_ptr() % 16:
                 raise FlashcoreInputError(
                     f"{self.name}: {label} does not start on a 16-byte boundary (a view at an odd offset?); "
                     "the kernels use 16-byte loads: pass a .clone()"
                 )
+
+
+def _requires_grad(t) -> bool:
+    return getattr(t, "requires_grad", False)
+
+
+def _plain_cuda(t) -> bool:
+    import torch
+
+    return type(t) is torch.Tensor and t.is_cuda
 
 
 def _build(variant: Variant, arch: str, force: bool):

@@ -1,5 +1,7 @@
 // binding.cpp — the one PyTorch binding every variant is built with (see flashcore.h).
 // Input checks, output allocation and the stream live here, once; kernels never include torch.
+// Bad input raises ValueError (TORCH_CHECK_VALUE) with one line naming the tensor and the rule; a launch
+// the rung refuses raises RuntimeError with the rung's message.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -8,42 +10,61 @@
 #include <vector>
 
 #include "flashcore.h"
-
-// A rung that takes bf16 too defines its own flashcore_dtypes(); this default is fp16 only.
-__attribute__((weak)) int flashcore_dtypes() { return 1 << kFlashcoreFloat16; }
+#include "flashcore_defaults.h"
 
 namespace {
 
 bool takes(FlashcoreDtype dtype) { return (flashcore_dtypes() >> dtype) & 1; }
+bool has(FlashcoreFeature feature) { return (flashcore_features() & feature) != 0; }
 
-void check_input(const torch::Tensor& t, const char* name, const torch::Tensor& q) {
-  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got a tensor on ", t.device());
+// What every tensor must be: CUDA, an element type the rung takes (q's), 4-D, contiguous, 16-byte aligned.
+void check_tensor(const torch::Tensor& t, const char* name, const torch::Tensor& q) {
+  TORCH_CHECK_VALUE(t.is_cuda(), name, " must be a CUDA tensor, got a tensor on ", t.device());
   if (takes(kFlashcoreBFloat16)) {
-    TORCH_CHECK(t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16, name,
-                " must be float16 or bfloat16, got ", t.scalar_type());
-    TORCH_CHECK(t.scalar_type() == q.scalar_type(), name, " is ", t.scalar_type(), " but q is ", q.scalar_type());
+    TORCH_CHECK_VALUE(t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16, name,
+                      " must be float16 or bfloat16, got ", t.scalar_type());
+    TORCH_CHECK_VALUE(t.scalar_type() == q.scalar_type(), name, " is ", t.scalar_type(), " but q is ",
+                      q.scalar_type());
   } else {
-    TORCH_CHECK(t.scalar_type() == torch::kHalf, name, " must be float16, got ", t.scalar_type());
+    TORCH_CHECK_VALUE(t.scalar_type() == torch::kHalf, name, " must be float16, got ", t.scalar_type());
   }
-  TORCH_CHECK(t.dim() == 4, name, " must be 4-D [B, H, S, D], got shape ", t.sizes());
-  TORCH_CHECK(t.sizes() == q.sizes(), name, " has shape ", t.sizes(), " but q has ", q.sizes());
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
-              " must start on a 16-byte boundary (kernels use 16-byte vector loads and cp.async)");
-  TORCH_CHECK(t.device() == q.device(), name, " is on ", t.device(), " but q is on ", q.device());
+  TORCH_CHECK_VALUE(t.dim() == 4, name, " must be 4-D [B, H, S, D], got shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
+                    " must start on a 16-byte boundary (kernels use 16-byte vector loads and cp.async)");
+  TORCH_CHECK_VALUE(t.device() == q.device(), name, " is on ", t.device(), " but q is on ", q.device());
+  TORCH_CHECK_VALUE(t.numel() < (int64_t(1) << 31), name, " has more than 2^31 elements");
 }
 
-torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,
-                      c10::optional<double> scale, c10::optional<torch::Tensor> out) {
-  check_input(q, "q", q);
-  check_input(k, "k", q);
-  check_input(v, "v", q);
-  if (out.has_value()) check_input(*out, "out", q);
-  TORCH_CHECK(q.numel() < (int64_t(1) << 31), "tensors of more than 2^31 elements are not supported");
-  const c10::cuda::CUDAGuard guard(q.device());
-  auto o = out.has_value() ? *out : torch::empty_like(q);
-  if (q.numel() == 0) return o;
+// q, o: [B, H, S, D]; k, v: [B, H_kv, S_kv, D], with H_kv and S_kv other than H and S only where the rung
+// declares it.
+void check_problem(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  check_tensor(q, "q", q);
+  check_tensor(k, "k", q);
+  check_tensor(v, "v", q);
+  TORCH_CHECK_VALUE(v.sizes() == k.sizes(), "v has shape ", v.sizes(), " but k has ", k.sizes());
+  TORCH_CHECK_VALUE(k.size(0) == q.size(0) && k.size(3) == q.size(3), "k has shape ", k.sizes(), " but q has ",
+                    q.sizes(), " (batch and head dim must match)");
+  const int64_t heads = q.size(1), heads_kv = k.size(1);
+  TORCH_CHECK_VALUE(heads_kv >= 1 && heads % heads_kv == 0, "q has ", heads, " heads and k ", heads_kv,
+                    ": the query heads must be a multiple of the key/value heads");
+  TORCH_CHECK_VALUE(heads_kv == heads || has(kFlashcoreGqa), "k and v have ", heads_kv, " heads and q ", heads,
+                    ": grouped-query attention is not supported by this variant (it needs equal head counts)");
+  TORCH_CHECK_VALUE(k.size(2) == q.size(2) || has(kFlashcoreSeqLenKv), "k and v have ", k.size(2),
+                    " rows and q ", q.size(2),
+                    ": key sequences of another length than the queries' are not supported by this variant");
+  TORCH_CHECK_VALUE(k.size(2) >= 1 || q.size(2) == 0, "k and v have no rows: attention needs at least one key");
+}
 
+void check_same(const torch::Tensor& t, const char* name, const torch::Tensor& like, const char* like_name,
+                const torch::Tensor& q) {
+  check_tensor(t, name, q);
+  TORCH_CHECK_VALUE(t.sizes() == like.sizes(), name, " has shape ", t.sizes(), " but ", like_name, " has ",
+                    like.sizes());
+}
+
+FlashcoreParams params(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       const torch::Tensor& o, bool causal, c10::optional<double> scale, float* lse) {
   FlashcoreParams p;
   p.q = reinterpret_cast<const __half*>(q.data_ptr());
   p.k = reinterpret_cast<const __half*>(k.data_ptr());
@@ -54,17 +75,87 @@ torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torc
   p.heads = static_cast<int>(q.size(1));
   p.seq_len = static_cast<int>(q.size(2));
   p.head_dim = static_cast<int>(q.size(3));
+  p.heads_kv = static_cast<int>(k.size(1));
+  p.seq_len_kv = static_cast<int>(k.size(2));
   p.scale = scale.has_value() ? static_cast<float>(*scale) : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   p.causal = causal;
+  p.lse = lse;
+  return p;
+}
 
+// o (into `out` when given) and, when want_lse, the row log-sum-exp [B, H, S] fp32.
+std::tuple<torch::Tensor, torch::Tensor> run_forward(const torch::Tensor& q, const torch::Tensor& k,
+                                                     const torch::Tensor& v, bool causal, c10::optional<double> scale,
+                                                     const c10::optional<torch::Tensor>& out, bool want_lse) {
+  check_problem(q, k, v);
+  if (out.has_value()) check_same(*out, "out", q, "q", q);
+  TORCH_CHECK_VALUE(!want_lse || has(kFlashcoreLse), "the row log-sum-exp is not computed by this variant");
+  const c10::cuda::CUDAGuard guard(q.device());
+  auto o = out.has_value() ? *out : torch::empty_like(q);
+  torch::Tensor lse;
+  if (want_lse) lse = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(torch::kFloat));
+  if (q.numel() == 0) return {o, lse};
+  const FlashcoreParams p = params(q, k, v, o, causal, scale, want_lse ? lse.data_ptr<float>() : nullptr);
   const char* err = flashcore_forward(p, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
-  return o;
+  return {o, lse};
+}
+
+torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,
+                      c10::optional<double> scale, c10::optional<torch::Tensor> out) {
+  return std::get<0>(run_forward(q, k, v, causal, scale, out, false));
+}
+
+std::tuple<torch::Tensor, torch::Tensor> forward_lse(const torch::Tensor& q, const torch::Tensor& k,
+                                                     const torch::Tensor& v, bool causal, c10::optional<double> scale) {
+  return run_forward(q, k, v, causal, scale, c10::nullopt, true);
+}
+
+// dq, dk, dv of one forward call, from dO and what the forward was given and gave (o, lse).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> backward(const torch::Tensor& d_o, const torch::Tensor& q,
+                                                                 const torch::Tensor& k, const torch::Tensor& v,
+                                                                 const torch::Tensor& o, const torch::Tensor& lse,
+                                                                 bool causal, c10::optional<double> scale,
+                                                                 const c10::optional<torch::Tensor>& grad_lse) {
+  TORCH_CHECK_VALUE(has(kFlashcoreBackward), "this variant is forward-only: it has no backward");
+  check_problem(q, k, v);
+  check_same(o, "out", q, "q", q);
+  check_same(d_o, "grad_out", q, "q", q);
+  TORCH_CHECK_VALUE(lse.is_cuda() && lse.scalar_type() == torch::kFloat && lse.is_contiguous() &&
+                        lse.sizes() == at::IntArrayRef({q.size(0), q.size(1), q.size(2)}),
+                    "lse must be the forward's contiguous float32 [B, H, S] log-sum-exp, got ", lse.scalar_type(),
+                    " of shape ", lse.sizes());
+  if (grad_lse.has_value()) {
+    TORCH_CHECK_VALUE(grad_lse->is_cuda() && grad_lse->scalar_type() == torch::kFloat && grad_lse->is_contiguous() &&
+                          grad_lse->sizes() == lse.sizes(),
+                      "grad_lse must be a contiguous float32 tensor shaped like lse ", lse.sizes());
+  }
+  const c10::cuda::CUDAGuard guard(q.device());
+  auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
+  if (q.numel() == 0 || k.numel() == 0) {
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
+  FlashcoreBackwardParams b;
+  b.fwd = params(q, k, v, o, causal, scale, const_cast<float*>(lse.data_ptr<float>()));
+  b.d_o = reinterpret_cast<const __half*>(d_o.data_ptr());
+  b.dq = reinterpret_cast<__half*>(dq.data_ptr());
+  b.dk = reinterpret_cast<__half*>(dk.data_ptr());
+  b.dv = reinterpret_cast<__half*>(dv.data_ptr());
+  b.d_lse = grad_lse.has_value() ? grad_lse->data_ptr<float>() : nullptr;
+  const size_t bytes = flashcore_backward_workspace(b.fwd);
+  torch::Tensor workspace;
+  if (bytes > 0) workspace = torch::empty({static_cast<int64_t>(bytes)}, q.options().dtype(torch::kByte));
+  b.workspace = bytes > 0 ? workspace.data_ptr() : nullptr;
+  const char* err = flashcore_backward(b, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == nullptr, err);
+  return {dq, dk, dv};
 }
 
 std::vector<std::tuple<std::string, int, int>> plan(int head_dim) {
-  FlashcoreKernelPlan plans[8];
-  int n = flashcore_plan(head_dim, plans, 8);
+  FlashcoreKernelPlan plans[kFlashcoreMaxPlans];
+  int n = flashcore_plan(head_dim, plans, kFlashcoreMaxPlans);
   std::vector<std::tuple<std::string, int, int>> out;
   for (int i = 0; i < n; ++i) out.emplace_back(plans[i].kernel, plans[i].threads_per_block, plans[i].dynamic_smem_bytes);
   return out;
@@ -75,7 +166,13 @@ std::vector<std::tuple<std::string, int, int>> plan(int head_dim) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "attention forward: o = softmax(q k^T * scale) v", py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("out") = py::none());
+  m.def("forward_lse", &forward_lse, "attention forward that also returns the row log-sum-exp (fp32 [B, H, S])",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none());
+  m.def("backward", &backward, "attention backward: (dq, dk, dv) from grad_out, q, k, v, out, lse", py::arg("grad_out"),
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("causal") = false,
+        py::arg("scale") = py::none(), py::arg("grad_lse") = py::none());
   m.def("dtypes", &flashcore_dtypes, "the element types the launcher takes: a mask of 1 << (0: fp16, 1: bf16)");
+  m.def("features", &flashcore_features, "what else it supports: a mask of 1 << (0: gqa, 1: seqlen_kv, 2: lse, 3: backward)");
   m.def("plan", &plan, "the kernels, threads and dynamic shared memory the launcher uses at a head dim",
         py::arg("head_dim"));
 }

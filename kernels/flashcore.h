@@ -1,22 +1,32 @@
 // flashcore.h — the contract every variant implements, and the few helpers they share.
 //
-// A variant is one .cu file that includes this header (and CUDA headers) only — never torch —
+// A variant is one or more .cu files that include this header (and CUDA headers) only — never torch —
 // so that `flashcore ptxas` can compile it with plain nvcc, on a machine with no GPU, in seconds.
-// kernels/binding.cpp wraps the two functions below for PyTorch once, for every variant: the harness
+// kernels/binding.cpp wraps the functions below for PyTorch once, for every variant: the harness
 // never special-cases a variant.
 //
-//   flashcore_plan     what the launcher will ask for at a head dim: one entry per __global__ kernel
-//                      (its name, threads per block, dynamic shared memory). Host code only, so the
-//                      ptxas report can read it without a GPU.
-//   flashcore_forward  launches O = softmax(Q K^T * scale [+ causal mask]) V on a stream. Returns
-//                      nullptr on success, or a message that names what went wrong (the binding raises
-//                      it as a Python error, so a bad launch is a clear error, never silent garbage).
+//   flashcore_plan      what the launcher will ask for at a head dim: one entry per __global__ kernel
+//                       (its name, threads per block, dynamic shared memory). Host code only, so the
+//                       ptxas report can read it without a GPU.
+//   flashcore_forward   launches O = softmax(Q K^T * scale [+ causal mask]) V on a stream. Returns
+//                       nullptr on success, or a message that names what went wrong (the binding raises
+//                       it as a Python error, so a bad launch is a clear error, never silent garbage).
 //
-//   flashcore_dtypes   which element types the launcher takes, as a mask of 1 << FlashcoreDtype. Optional:
-//                      the binding's default says fp16 only, so a rung defines it only to take bf16 too.
+// Optional (flashcore_defaults.h gives the binding and the probe a default for each):
+//   flashcore_dtypes    which element types the launcher takes, as a mask of 1 << FlashcoreDtype.
+//                       Default: fp16 only.
+//   flashcore_features  what else it supports, a mask of FlashcoreFeature: grouped-query heads, key
+//                       sequences of another length than the queries', the row log-sum-exp, a backward.
+//                       Default: none of them (the binding then refuses such inputs with a clear error).
+//   flashcore_backward  dQ, dK, dV from dO, Q, K, V, O and the forward's LSE, for a rung that declares
+//   flashcore_backward_workspace   kFlashcoreBackward; the workspace is scratch the binding allocates.
 //
-// Tensors are [B, H, S, D], contiguous, fp16 (or bf16 where a rung says so); Q, K and V share S
-// (self-attention). Under `causal`, query i sees keys 0..i.
+// Tensors are contiguous, fp16 (or bf16 where a rung says so): q and o [B, H, S, D], k and v
+// [B, H_kv, S_kv, D]. H_kv divides H: query head h reads key/value head h / (H / H_kv) (multi-head H_kv = H,
+// grouped-query, multi-query H_kv = 1). Under `causal` the mask is aligned bottom-right (FlashAttention
+// 2.1+, torch's causal_lower_right): query i sees keys j <= i + S_kv - S; a query row that sees no key at all
+// (S > S_kv) gets O = 0 and LSE = +inf. A rung without kFlashcoreGqa / kFlashcoreSeqLenKv only ever sees
+// H_kv = H and S_kv = S.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -27,18 +37,40 @@
 
 enum FlashcoreDtype : int { kFlashcoreFloat16 = 0, kFlashcoreBFloat16 = 1 };
 
+// What a rung supports beyond [B, H, S, D] forward attention (flashcore_features()).
+enum FlashcoreFeature : int {
+  kFlashcoreGqa = 1 << 0,       // H_kv < H: grouped-query and multi-query attention
+  kFlashcoreSeqLenKv = 1 << 1,  // S_kv != S: decode, chunked prefill
+  kFlashcoreLse = 1 << 2,       // writes p.lse when it is not nullptr
+  kFlashcoreBackward = 1 << 3,  // flashcore_backward (implies kFlashcoreLse: the backward reads the forward's)
+};
+
 struct FlashcoreParams {
   const __half* q;  // [B, H, S, D]; the element type is `dtype` (a bf16 rung reinterprets the pointers)
-  const __half* k;  // [B, H, S, D]
-  const __half* v;  // [B, H, S, D]
+  const __half* k;  // [B, H_kv, S_kv, D]
+  const __half* v;  // [B, H_kv, S_kv, D]
   __half* o;        // [B, H, S, D]
   int batch;
-  int heads;
-  int seq_len;
+  int heads;        // H: query heads
+  int seq_len;      // S: query rows
   int head_dim;
   float scale;      // softmax scale; the binding passes 1/sqrt(D) unless the caller gave one
-  bool causal;      // mask key j > query i
+  bool causal;      // mask key j > i + S_kv - S (bottom-right)
   FlashcoreDtype dtype;  // fp16 unless flashcore_dtypes() admits bf16 and the tensors are bf16
+  int heads_kv;     // H_kv: key/value heads, a divisor of H
+  int seq_len_kv;   // S_kv: key/value rows
+  float* lse;       // [B, H, S] fp32: log(sum_j exp(S_ij * scale)) per query row (natural log), or nullptr
+};
+
+// The backward of one forward call: fwd holds what the forward was given and gave (o, lse).
+struct FlashcoreBackwardParams {
+  FlashcoreParams fwd;  // q, k, v, o (the forward's output), lse (its log-sum-exp), shapes, scale, causal, dtype
+  const __half* d_o;    // [B, H, S, D]: dL/dO
+  __half* dq;           // [B, H, S, D]
+  __half* dk;           // [B, H_kv, S_kv, D]: summed over the H / H_kv query heads that read each K/V head
+  __half* dv;           // [B, H_kv, S_kv, D]
+  const float* d_lse;   // [B, H, S] fp32: dL/dLSE where the forward's LSE was used too, else nullptr (zero)
+  void* workspace;      // flashcore_backward_workspace(fwd) bytes, 256-byte aligned, contents undefined
 };
 
 struct FlashcoreKernelPlan {
@@ -47,14 +79,23 @@ struct FlashcoreKernelPlan {
   int dynamic_smem_bytes;  // what the launcher passes at launch (0 for static shared memory only)
 };
 
-// Fills at most max_plans entries for this head dim; returns how many (0: head dim unsupported).
+// Fills at most max_plans entries for this head dim; returns how many (0: head dim unsupported). Every
+// reader passes a buffer of kFlashcoreMaxPlans; a rung that would list more fails the probe's check.
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans);
+constexpr int kFlashcoreMaxPlans = 32;
 
 // nullptr on success, else a message (valid until the calling thread's next call).
 const char* flashcore_forward(const FlashcoreParams& p, cudaStream_t stream);
 
 // 1 << kFlashcoreFloat16 unless the rung defines it.
 int flashcore_dtypes();
+
+// A mask of FlashcoreFeature; 0 unless the rung defines it.
+int flashcore_features();
+
+// Scratch bytes flashcore_backward needs for these shapes (a rung with kFlashcoreBackward defines both).
+size_t flashcore_backward_workspace(const FlashcoreParams& p);
+const char* flashcore_backward(const FlashcoreBackwardParams& p, cudaStream_t stream);
 
 namespace fc {
 
@@ -138,5 +179,14 @@ inline const char* launch_query_tiles(Kernel kernel, const FlashcoreParams& p, i
 __host__ __device__ inline size_t head_offset(const FlashcoreParams& p, int b, int h) {
   return (static_cast<size_t>(b) * p.heads + h) * static_cast<size_t>(p.seq_len) * p.head_dim;
 }
+
+// Offset of the K/V slice that query head h of batch b reads in a [B, H_kv, S_kv, D] tensor.
+__host__ __device__ inline size_t kv_head_offset(const FlashcoreParams& p, int b, int h) {
+  return (static_cast<size_t>(b) * p.heads_kv + h / (p.heads / p.heads_kv)) * static_cast<size_t>(p.seq_len_kv) *
+         p.head_dim;
+}
+
+// Bottom-right causal alignment: query row i sees keys j <= i + causal_offset(p).
+__host__ __device__ inline int causal_offset(const FlashcoreParams& p) { return p.seq_len_kv - p.seq_len; }
 
 }  // namespace fc

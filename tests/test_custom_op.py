@@ -62,11 +62,14 @@ def test_opcheck_on_fake_cuda_tensors(variant, dtype):
     assert set(result.values()) == {"SUCCESS"}, result
 
 
-def test_fake_impl_gives_shape_dtype_device():
-    op = register_op(REGISTRY.get("v12"))
-    q = meta(1, 2, 17, 128, dtype=torch.bfloat16)
-    out = op(q, q, q, True, None)
-    assert (out.shape, out.dtype, out.device.type) == (q.shape, torch.bfloat16, "meta")
+@pytest.mark.parametrize("variant", ["v12", "v11", "v8"])
+def test_fake_impl_gives_shape_dtype_device(variant):
+    v = REGISTRY.get(variant)
+    op = register_op(v)
+    q = meta(1, 2, 17, 128, dtype=torch.bfloat16 if "bf16" in v.dtypes else torch.float16)
+    out, lse = op(q, q, q, True, None)
+    assert (out.shape, out.dtype, out.device.type) == (q.shape, q.dtype, "meta")
+    assert (lse.shape, lse.dtype) == ((1, 2, 17) if v.supports("lse") else (0,), torch.float32)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +78,9 @@ def test_fake_impl_gives_shape_dtype_device():
         ((meta(1, 2, 8, 64, dtype=torch.float32),) * 3,
          "v11: q is torch.float32; v11 takes torch.float16 or torch.bfloat16 (its dtypes: fp16, bf16)"),
         ((meta(1, 2, 8, 32),) * 3, "head dim 32 is not supported by v11"),
-        ((meta(1, 2, 8, 64), meta(1, 2, 9, 64), meta(1, 2, 8, 64)), "k has shape (1, 2, 9, 64) but q has (1, 2, 8, 64)"),
+        ((meta(1, 2, 8, 64), meta(1, 2, 9, 64), meta(1, 2, 8, 64)), "v has shape (1, 2, 8, 64) but k has (1, 2, 9, 64)"),
+        ((meta(1, 2, 8, 64), meta(2, 2, 8, 64), meta(2, 2, 8, 64)), "batch and head dim must match"),
+        ((meta(1, 6, 8, 64), meta(1, 4, 8, 64), meta(1, 4, 8, 64)), "the query heads must be a multiple of the key/value heads"),
         ((meta(2, 8, 64),) * 3, "expected 4-D"),
         ((torch.zeros(1, 2, 8, 64, dtype=torch.float16),) * 3, "flashcore kernels need CUDA tensors"),
     ],

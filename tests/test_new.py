@@ -37,7 +37,7 @@ def project(tmp_path):
     (tmp_path / "pyproject.toml").write_text("")
     kernels = tmp_path / "kernels"
     kernels.mkdir()
-    for name in ("flashcore.h", "baseline.cu", "binding.cpp"):
+    for name in ("flashcore.h", "flashcore_defaults.h", "baseline.cu", "binding.cpp"):
         shutil.copy(REPO / "kernels" / name, kernels / name)
     (tmp_path / "variants.yaml").write_text(REGISTRY)
     return tmp_path
@@ -92,7 +92,7 @@ def test_refusals_are_exit_2_and_change_nothing(project, args, needle):
     result = new(project, *args)
     assert result.exit_code == 2 and needle in result.output
     assert (project / "variants.yaml").read_text() == before
-    assert sorted(p.name for p in (project / "kernels").iterdir()) == ["baseline.cu", "binding.cpp", "flashcore.h"]
+    assert sorted(p.name for p in (project / "kernels").iterdir()) == ["baseline.cu", "binding.cpp", "flashcore.h", "flashcore_defaults.h"]
 
 
 def test_an_existing_kernel_file_is_refused(project):

@@ -3,7 +3,9 @@
 Each variant is compiled with plain nvcc into a small host program (the variant's .cu plus a probe main).
 ptxas reports every __global__ kernel; running the program — host code only, no CUDA call — prints what
 the launcher asks for at each head dim (threads, dynamic shared memory) through flashcore_plan. The two
-joined give the CTAs per SM each kernel allows on the arch.
+joined give the CTAs per SM each kernel allows on the arch. The probe also prints what the kernel declares
+it supports (the head dims it plans for, flashcore_dtypes, flashcore_features): check_declared refuses a
+registry entry that says otherwise, and a plan entry that names no kernel ptxas compiled.
 
 A variant that lists its archs (archs: [sm_90a]) is compiled for the target it lists for an asked arch
 (sm_90 -> sm_90a), and reported as not built for an arch it does not run on.
@@ -33,21 +35,24 @@ _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
 _BARRIERS = re.compile(r"used (\d+) barriers")
 
+# Head dims the probe asks flashcore_plan about: every one a kernel could plausibly declare.
+PROBE_HEAD_DIMS = range(1, 513)
 PROBE_MAIN = r"""
 #include "flashcore.h"
+#include "flashcore_defaults.h"
 #include <cstdio>
-#include <cstdlib>
-int main(int argc, char** argv) {
-  FlashcoreKernelPlan plans[16];
-  for (int i = 1; i < argc; ++i) {
-    const int d = std::atoi(argv[i]);
-    const int n = flashcore_plan(d, plans, 16);
-    for (int j = 0; j < n; ++j)
-      std::printf("%d\t%s\t%d\t%d\n", d, plans[j].kernel, plans[j].threads_per_block, plans[j].dynamic_smem_bytes);
+int main() {
+  std::printf("dtypes\t%%d\nfeatures\t%%d\n", flashcore_dtypes(), flashcore_features());
+  FlashcoreKernelPlan plans[kFlashcoreMaxPlans + 1];
+  for (int d = %(first)d; d <= %(last)d; ++d) {
+    const int n = flashcore_plan(d, plans, kFlashcoreMaxPlans + 1);
+    if (n > kFlashcoreMaxPlans) std::printf("too-many\t%%d\t%%d\t%%d\n", d, n, kFlashcoreMaxPlans);
+    for (int j = 0; j < n && j < kFlashcoreMaxPlans; ++j)
+      std::printf("plan\t%%d\t%%s\t%%d\t%%d\n", d, plans[j].kernel, plans[j].threads_per_block, plans[j].dynamic_smem_bytes);
   }
   return 0;
 }
-"""
+""" % {"first": PROBE_HEAD_DIMS[0], "last": PROBE_HEAD_DIMS[-1]}
 
 
 @dataclass
@@ -86,6 +91,17 @@ class KernelResources:
 
 
 @dataclass
+class Declared:
+    """What the kernel itself says it supports (read by the probe, host code only)."""
+
+    head_dims: tuple[int, ...] = ()
+    dtypes: int = 0  # mask of 1 << (0: fp16, 1: bf16)
+    features: int = 0  # mask of registry.variants.FEATURES
+    plans: list[tuple[int, str, int, int]] = field(default_factory=list)  # (head dim, kernel, threads, dynamic smem)
+    too_many_plans: list[tuple[int, int, int]] = field(default_factory=list)  # (head dim, plans it listed, the most allowed)
+
+
+@dataclass
 class VariantReport:
     variant: str
     arch: str
@@ -93,6 +109,7 @@ class VariantReport:
     compile_seconds: float = 0.0
     error: str = ""
     not_built: str = ""  # why the variant is not built for this arch (its registry archs exclude it)
+    declared: Declared | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -102,6 +119,7 @@ class VariantReport:
             "error": self.error,
             "not_built": self.not_built,
             "kernels": [asdict(k) | {"spills": k.spills} for k in self.kernels],
+            "declared": asdict(self.declared) if self.declared else None,
         }
 
 
@@ -153,13 +171,103 @@ def occupancy(k: KernelResources, limits: ArchLimits) -> tuple[int, str]:
     return bounds[limiter], limiter
 
 
-def _join_plans(kernels: list[KernelResources], plans: list[tuple[int, str, int, int]], arch: str) -> None:
-    for k in kernels:
-        for head_dim, name, threads, dyn in plans:
-            if name in k.kernel:
-                k.head_dim, k.threads, k.dynamic_smem = head_dim, threads, dyn
-                k.ctas_per_sm, k.limiter = occupancy(k, limits(arch))
-                break
+def kernel_base_name(demangled: str) -> str:
+    """'void v11_fwd<64, 128>(FlashcoreParams)' -> 'v11_fwd<64, 128>': the name a plan entry gives."""
+    name = demangled[5:] if demangled.startswith("void ") else demangled
+    depth = 0
+    for i, ch in enumerate(name):  # the parameter list starts at the first '(' outside template brackets
+        depth += ch == "<"
+        depth -= ch == ">"
+        if ch == "(" and depth == 0:
+            return name[:i]
+    return name
+
+
+def _join_plans(kernels: list[KernelResources], plans: list[tuple[int, str, int, int]], arch: str) -> list[str]:
+    """Each kernel's threads and dynamic shared memory from the plan entry naming it; returns the plan entries
+    that name no compiled kernel."""
+    by_name = {kernel_base_name(k.kernel): k for k in kernels}
+    unmatched = []
+    for head_dim, name, threads, dyn in plans:
+        k = by_name.get(name)
+        if k is None:
+            unmatched.append(name)
+            continue
+        if k.threads is None:
+            k.head_dim, k.threads, k.dynamic_smem = head_dim, threads, dyn
+            k.ctas_per_sm, k.limiter = occupancy(k, limits(arch))
+    return unmatched
+
+
+def parse_probe(text: str) -> Declared:
+    declared = Declared()
+    dims: list[int] = []
+    for line in text.splitlines():
+        kind, *fields = line.split("\t")
+        if kind == "dtypes":
+            declared.dtypes = int(fields[0])
+        elif kind == "features":
+            declared.features = int(fields[0])
+        elif kind == "too-many":
+            declared.too_many_plans.append((int(fields[0]), int(fields[1]), int(fields[2])))
+        elif kind == "plan":
+            d, name, threads, dyn = fields
+            declared.plans.append((int(d), name, int(threads), int(dyn)))
+            if int(d) not in dims:
+                dims.append(int(d))
+    declared.head_dims = tuple(dims)
+    return declared
+
+
+def _ranges(values) -> str:
+    """[1, 2, 3, 64] -> '1-3, 64'."""
+    runs: list[list[int]] = []
+    for x in sorted(values):
+        if runs and x == runs[-1][1] + 1:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def check_declared(variant: Variant, report: VariantReport) -> None:
+    """One FlashcoreError naming both sides where the registry entry and the kernel disagree: head dims,
+    dtypes, features; or where the kernel's plan breaks the contract (too many entries, a name that is no
+    compiled kernel)."""
+    from flashcore_cli.registry.variants import DTYPES, FEATURES
+
+    d = report.declared
+    if d is None:
+        return
+    source = ", ".join(str(p.relative_to(variant.root)) if p.is_relative_to(variant.root) else str(p) for p in variant.sources)
+    where = f"variant '{variant.name}' ({report.arch})"
+    if d.too_many_plans:
+        dim, n, most = d.too_many_plans[0]
+        raise FlashcoreError(f"{where}: {source}'s flashcore_plan lists {n}+ kernels at head dim {dim}; the contract allows {most}")
+    if set(d.head_dims) != set(variant.head_dims):
+        raise FlashcoreError(
+            f"{where}: variants.yaml declares head_dims {list(variant.head_dims)} but {source} plans kernels for "
+            f"{_ranges(d.head_dims) or 'none'}: make them agree"
+        )
+    kernel_dtypes = [name for i, name in enumerate(DTYPES) if d.dtypes >> i & 1]
+    if set(kernel_dtypes) != set(variant.dtypes):
+        raise FlashcoreError(
+            f"{where}: variants.yaml declares dtypes {list(variant.dtypes)} but {source}'s flashcore_dtypes() takes "
+            f"{kernel_dtypes or 'none'}: make them agree"
+        )
+    kernel_features = [name for name, bit in FEATURES.items() if d.features & bit]
+    if set(kernel_features) != set(variant.features):
+        raise FlashcoreError(
+            f"{where}: variants.yaml declares features {list(variant.features)} but {source}'s flashcore_features() "
+            f"says {kernel_features}: make them agree"
+        )
+    if report.kernels:
+        unmatched = _join_plans(report.kernels, d.plans, report.arch)
+        if unmatched:
+            raise FlashcoreError(
+                f"{where}: {source}'s flashcore_plan names kernel '{unmatched[0]}', which ptxas did not compile "
+                "(a plan entry must be the kernel's name as c++filt prints it, without 'void' and the parameters)"
+            )
 
 
 def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | None = None) -> VariantReport:
@@ -174,6 +282,11 @@ def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | N
         data = json.loads(cached.read_text())
         report = VariantReport(variant.name, arch, compile_seconds=data["compile_seconds"])
         report.kernels = [KernelResources(**{k: v for k, v in kd.items() if k != "spills"}) for kd in data["kernels"]]
+        if data.get("declared"):
+            raw = data["declared"]
+            report.declared = Declared(tuple(raw["head_dims"]), raw["dtypes"], raw["features"],
+                                       [tuple(p) for p in raw["plans"]], [tuple(t) for t in raw["too_many_plans"]])  # fmt: skip
+        check_declared(variant, report)
         return report
 
     nvcc = find_nvcc()
@@ -194,15 +307,12 @@ def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | N
             report.error = first_errors(proc.stdout + proc.stderr)
             return report
         report.kernels = parse_ptxas(proc.stdout + proc.stderr)
-        run = subprocess.run([str(exe), *map(str, variant.head_dims)], capture_output=True, text=True, timeout=60)
+        run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
         if run.returncode != 0:
             report.error = f"the probe (flashcore_plan) failed: {run.stderr.strip() or run.returncode}"
             return report
-    plans = []
-    for line in run.stdout.splitlines():
-        d, name, threads, dyn = line.split("\t")
-        plans.append((int(d), name, int(threads), int(dyn)))
-    _join_plans(report.kernels, plans, arch)
+    report.declared = parse_probe(run.stdout)
+    check_declared(variant, report)
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp_file = cached.with_suffix(f".{id(report)}.tmp")
     tmp_file.write_text(json.dumps(report.as_dict()))

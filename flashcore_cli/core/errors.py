@@ -27,6 +27,11 @@ class FlashcoreInputError(FlashcoreError, ValueError):
     """Bad tensors handed to a variant: wrong device, dtype, shape, layout, or a head dim it does not support."""
 
 
+class FlashcoreUnsupportedError(FlashcoreError, NotImplementedError):
+    """A variant asked for what it does not do: a gradient through a forward-only variant, an lse it does not
+    compute."""
+
+
 class FlashcoreEnvironmentError(FlashcoreError, RuntimeError):
     """This machine cannot do what was asked (a CPU build of torch, a GPU the variant does not run on)."""
 

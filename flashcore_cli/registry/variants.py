@@ -30,10 +30,24 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SOURCE_SUFFIXES = {".cu", ".cuh", ".cpp", ".h"}
 _REQUIRED = {"name", "sources", "summary", "head_dims", "causal"}
-_OPTIONAL = {"aliases", "flags", "defines", "notes", "tune", "archs", "dtypes"}
+_OPTIONAL = {"aliases", "flags", "defines", "notes", "tune", "archs", "dtypes", "features"}
 # The element types a variant may declare (`dtypes:`), by the name users type; fp16 is the default.
 DTYPES = ("fp16", "bf16")
 DEFAULT_DTYPES = ("fp16",)
+# What a variant may support beyond forward [B, H, S, D] attention (`features:`), by name, with the bit of
+# flashcore_features() (kernels/flashcore.h) each one is: the kernel declares the same, and the probe checks.
+FEATURES = {
+    "gqa": 1 << 0,  # fewer key/value heads than query heads (grouped-query, multi-query)
+    "seqlen_kv": 1 << 1,  # key sequences of another length than the queries' (decode, chunked prefill)
+    "lse": 1 << 2,  # the forward also returns the row log-sum-exp
+    "backward": 1 << 3,  # gradients: dq, dk, dv
+}
+FEATURE_HELP = {
+    "gqa": "grouped-query attention (fewer key/value heads than query heads)",
+    "seqlen_kv": "a key sequence of another length than the queries'",
+    "lse": "the row log-sum-exp",
+    "backward": "a backward (it is forward-only)",
+}
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,7 @@ class Variant:
     root: Path  # the project root: kernels/ (flashcore.h, binding.cpp) lives here
     archs: tuple[str, ...] = ()  # the targets it can be built and run for; empty: any
     dtypes: tuple[str, ...] = DEFAULT_DTYPES  # the element types its launcher takes (DTYPES)
+    features: tuple[str, ...] = ()  # FEATURES it supports
 
     @property
     def kernels_dir(self) -> Path:
@@ -84,8 +99,16 @@ class Variant:
             raise FlashcoreError(f"{self.name} runs on {self.runs_on()} only; it is not built for {arch}")
         return target
 
-    def unsupported_reason(self, head_dim: int, causal: bool, arch: str | None = None, dtype: str = "fp16") -> str | None:
-        """Why this variant cannot run a case (on a GPU of `arch`, when given; in `dtype`), or None when it can."""
+    def supports(self, feature: str) -> bool:
+        return feature in self.features
+
+    def feature_mask(self) -> int:
+        return sum(FEATURES[f] for f in self.features)
+
+    def unsupported_reason(self, head_dim: int, causal: bool, arch: str | None = None, dtype: str = "fp16", *,
+                           gqa: bool = False, seqlen_kv: bool = False, backward: bool = False) -> str | None:  # fmt: skip
+        """Why this variant cannot run a case (on a GPU of `arch`, when given; in `dtype`; with fewer key/value
+        heads than query heads, keys of another length, a backward), or None when it can."""
         if arch is not None and self.target_arch(arch) is None:
             return f"{self.name} runs on {self.runs_on()} only; this GPU is {arch}"
         if dtype not in self.dtypes:
@@ -95,6 +118,10 @@ class Variant:
             return f"head dim {head_dim} is not supported by {self.name} (it supports {dims})"
         if causal and not self.causal:
             return f"causal masking is not supported by {self.name}"
+        for feature, wanted in (("gqa", gqa), ("seqlen_kv", seqlen_kv), ("backward", backward)):
+            if wanted and not self.supports(feature):
+                return f"{FEATURE_HELP[feature]} is not supported by {self.name}" if feature != "backward" else (
+                    f"{self.name} is forward-only: it has no backward")  # fmt: skip
         return None
 
 
@@ -299,6 +326,7 @@ def _parse_variant(path: Path, root: Path, index: int, entry: Any) -> Variant:
 
     archs = _parse_archs(entry.get("archs"), fail)
     dtypes = _parse_dtypes(entry.get("dtypes"), fail)
+    features = _parse_features(entry.get("features"), fail)
     tune = _parse_tune(entry.get("tune"), fail)
     return Variant(
         name=name,
@@ -314,6 +342,7 @@ def _parse_variant(path: Path, root: Path, index: int, entry: Any) -> Variant:
         root=root,
         archs=archs,
         dtypes=dtypes,
+        features=features,
     )
 
 
@@ -343,6 +372,22 @@ def _parse_dtypes(raw: Any, fail) -> tuple[str, ...]:
     if len(set(raw)) != len(raw):
         raise fail("dtypes", "lists a dtype twice")
     return tuple(raw)
+
+
+def _parse_features(raw: Any, fail) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    known = ", ".join(FEATURES)
+    if not _is_list_of(raw, str):
+        raise fail("features", f"must be a list of features, e.g. [gqa, backward] (known: {known}; got {raw!r})")
+    for feature in raw:
+        if feature not in FEATURES:
+            raise fail("features", f"unknown feature '{feature}' (known: {known})")
+    if len(set(raw)) != len(raw):
+        raise fail("features", "lists a feature twice")
+    if "backward" in raw and "lse" not in raw:
+        raise fail("features", "'backward' needs 'lse' too (the backward reads the forward's log-sum-exp)")
+    return tuple(f for f in FEATURES if f in raw)
 
 
 def _parse_tune(raw: Any, fail) -> TuneSpace:
