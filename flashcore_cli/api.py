@@ -190,7 +190,7 @@ def check_inputs(variant: Variant, q, k, v, causal: bool, out=None) -> None:
         raise FlashcoreInputError(f"{name}: q has {heads} heads and k {heads_kv}: the query heads must be a multiple of the key/value heads")
     if seq_kv < 1 and seq > 0:
         raise FlashcoreInputError(f"{name}: k and v have no rows: attention needs at least one key")
-    reason = variant.unsupported_reason(dim, bool(causal), gqa=heads_kv != heads, seqlen_kv=seq_kv != seq)
+    reason = variant.unsupported_reason(dim, bool(causal), gqa=heads_kv != heads, seqlen_kv=seq_kv != seq, seq_len=seq)
     if reason:
         raise FlashcoreInputError(f"{name}: {reason}" if not reason.startswith(name) else reason)
 

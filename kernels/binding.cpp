@@ -54,6 +54,9 @@ void check_problem(const torch::Tensor& q, const torch::Tensor& k, const torch::
                     " rows and q ", q.size(2),
                     ": key sequences of another length than the queries' are not supported by this variant");
   TORCH_CHECK_VALUE(k.size(2) >= 1 || q.size(2) == 0, "k and v have no rows: attention needs at least one key");
+  const int max_rows = flashcore_max_seq_len();
+  TORCH_CHECK_VALUE(max_rows == 0 || q.size(2) <= max_rows, "q has ", q.size(2), " rows: this variant takes at most ",
+                    max_rows, " query rows (a decode kernel)");
 }
 
 void check_same(const torch::Tensor& t, const char* name, const torch::Tensor& like, const char* like_name,
@@ -80,6 +83,7 @@ FlashcoreParams params(const torch::Tensor& q, const torch::Tensor& k, const tor
   p.scale = scale.has_value() ? static_cast<float>(*scale) : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
   p.causal = causal;
   p.lse = lse;
+  p.workspace = nullptr;
   return p;
 }
 
@@ -95,7 +99,13 @@ std::tuple<torch::Tensor, torch::Tensor> run_forward(const torch::Tensor& q, con
   torch::Tensor lse;
   if (want_lse) lse = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(torch::kFloat));
   if (q.numel() == 0) return {o, lse};
-  const FlashcoreParams p = params(q, k, v, o, causal, scale, want_lse ? lse.data_ptr<float>() : nullptr);
+  FlashcoreParams p = params(q, k, v, o, causal, scale, want_lse ? lse.data_ptr<float>() : nullptr);
+  const size_t bytes = flashcore_forward_workspace(p);
+  torch::Tensor workspace;
+  if (bytes > 0) {
+    workspace = torch::empty({static_cast<int64_t>(bytes)}, q.options().dtype(torch::kByte));
+    p.workspace = workspace.data_ptr();
+  }
   const char* err = flashcore_forward(p, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
   return {o, lse};
@@ -172,6 +182,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("causal") = false,
         py::arg("scale") = py::none(), py::arg("grad_lse") = py::none());
   m.def("dtypes", &flashcore_dtypes, "the element types the launcher takes: a mask of 1 << (0: fp16, 1: bf16)");
+  m.def("max_seq_len", &flashcore_max_seq_len, "the most query rows the launcher takes (0: any)");
   m.def("features", &flashcore_features, "what else it supports: a mask of 1 << (0: gqa, 1: seqlen_kv, 2: lse, 3: backward)");
   m.def("plan", &plan, "the kernels, threads and dynamic shared memory the launcher uses at a head dim",
         py::arg("head_dim"));

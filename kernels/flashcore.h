@@ -20,6 +20,8 @@
 //                       Default: none of them (the binding then refuses such inputs with a clear error).
 //   flashcore_backward  dQ, dK, dV from dO, Q, K, V, O and the forward's LSE, for a rung that declares
 //   flashcore_backward_workspace   kFlashcoreBackward; the workspace is scratch the binding allocates.
+//   flashcore_forward_workspace    scratch bytes the forward needs (a split-KV decode's partials). Default 0.
+//   flashcore_max_seq_len          the most query rows S it takes (a decode rung's tile). Default 0: any.
 //
 // Tensors are contiguous, fp16 (or bf16 where a rung says so): q and o [B, H, S, D], k and v
 // [B, H_kv, S_kv, D]. H_kv divides H: query head h reads key/value head h / (H / H_kv) (multi-head H_kv = H,
@@ -60,6 +62,7 @@ struct FlashcoreParams {
   int heads_kv;     // H_kv: key/value heads, a divisor of H
   int seq_len_kv;   // S_kv: key/value rows
   float* lse;       // [B, H, S] fp32: log(sum_j exp(S_ij * scale)) per query row (natural log), or nullptr
+  void* workspace;  // flashcore_forward_workspace(*this) bytes, 256-byte aligned, contents undefined (or nullptr: 0 bytes)
 };
 
 // The backward of one forward call: fwd holds what the forward was given and gave (o, lse).
@@ -92,6 +95,12 @@ int flashcore_dtypes();
 
 // A mask of FlashcoreFeature; 0 unless the rung defines it.
 int flashcore_features();
+
+// Scratch bytes flashcore_forward needs for these shapes (p.workspace is not yet set); 0 unless defined.
+size_t flashcore_forward_workspace(const FlashcoreParams& p);
+
+// The most query rows (S) the launcher takes; 0 (the default): no limit.
+int flashcore_max_seq_len();
 
 // Scratch bytes flashcore_backward needs for these shapes (a rung with kFlashcoreBackward defines both).
 size_t flashcore_backward_workspace(const FlashcoreParams& p);

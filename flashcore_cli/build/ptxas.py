@@ -42,7 +42,8 @@ PROBE_MAIN = r"""
 #include "flashcore_defaults.h"
 #include <cstdio>
 int main() {
-  std::printf("dtypes\t%%d\nfeatures\t%%d\n", flashcore_dtypes(), flashcore_features());
+  std::printf("dtypes\t%%d\nfeatures\t%%d\nmax-seq-len\t%%d\n", flashcore_dtypes(), flashcore_features(),
+              flashcore_max_seq_len());
   FlashcoreKernelPlan plans[kFlashcoreMaxPlans + 1];
   for (int d = %(first)d; d <= %(last)d; ++d) {
     const int n = flashcore_plan(d, plans, kFlashcoreMaxPlans + 1);
@@ -97,6 +98,7 @@ class Declared:
     head_dims: tuple[int, ...] = ()
     dtypes: int = 0  # mask of 1 << (0: fp16, 1: bf16)
     features: int = 0  # mask of registry.variants.FEATURES
+    max_seq_len: int = 0  # the most query rows it takes (0: any)
     plans: list[tuple[int, str, int, int]] = field(default_factory=list)  # (head dim, kernel, threads, dynamic smem)
     too_many_plans: list[tuple[int, int, int]] = field(default_factory=list)  # (head dim, plans it listed, the most allowed)
 
@@ -208,6 +210,8 @@ def parse_probe(text: str) -> Declared:
             declared.dtypes = int(fields[0])
         elif kind == "features":
             declared.features = int(fields[0])
+        elif kind == "max-seq-len":
+            declared.max_seq_len = int(fields[0])
         elif kind == "too-many":
             declared.too_many_plans.append((int(fields[0]), int(fields[1]), int(fields[2])))
         elif kind == "plan":
@@ -261,6 +265,11 @@ def check_declared(variant: Variant, report: VariantReport) -> None:
             f"{where}: variants.yaml declares features {list(variant.features)} but {source}'s flashcore_features() "
             f"says {kernel_features}: make them agree"
         )
+    if d.max_seq_len != (variant.max_seq_len or 0):
+        raise FlashcoreError(
+            f"{where}: variants.yaml declares max_seq_len {variant.max_seq_len or 'none'} but {source}'s "
+            f"flashcore_max_seq_len() says {d.max_seq_len or 'none'}: make them agree"
+        )
     if report.kernels:
         unmatched = _join_plans(report.kernels, d.plans, report.arch)
         if unmatched:
@@ -284,7 +293,7 @@ def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | N
         report.kernels = [KernelResources(**{k: v for k, v in kd.items() if k != "spills"}) for kd in data["kernels"]]
         if data.get("declared"):
             raw = data["declared"]
-            report.declared = Declared(tuple(raw["head_dims"]), raw["dtypes"], raw["features"],
+            report.declared = Declared(tuple(raw["head_dims"]), raw["dtypes"], raw["features"], raw["max_seq_len"],
                                        [tuple(p) for p in raw["plans"]], [tuple(t) for t in raw["too_many_plans"]])  # fmt: skip
         check_declared(variant, report)
         return report

@@ -30,7 +30,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SOURCE_SUFFIXES = {".cu", ".cuh", ".cpp", ".h"}
 _REQUIRED = {"name", "sources", "summary", "head_dims", "causal"}
-_OPTIONAL = {"aliases", "flags", "defines", "notes", "tune", "archs", "dtypes", "features"}
+_OPTIONAL = {"aliases", "flags", "defines", "notes", "tune", "archs", "dtypes", "features", "max_seq_len"}
 # The element types a variant may declare (`dtypes:`), by the name users type; fp16 is the default.
 DTYPES = ("fp16", "bf16")
 DEFAULT_DTYPES = ("fp16",)
@@ -74,6 +74,7 @@ class Variant:
     archs: tuple[str, ...] = ()  # the targets it can be built and run for; empty: any
     dtypes: tuple[str, ...] = DEFAULT_DTYPES  # the element types its launcher takes (DTYPES)
     features: tuple[str, ...] = ()  # FEATURES it supports
+    max_seq_len: int | None = None  # the most query rows it takes (a decode rung); None: any
 
     @property
     def kernels_dir(self) -> Path:
@@ -106,7 +107,8 @@ class Variant:
         return sum(FEATURES[f] for f in self.features)
 
     def unsupported_reason(self, head_dim: int, causal: bool, arch: str | None = None, dtype: str = "fp16", *,
-                           gqa: bool = False, seqlen_kv: bool = False, backward: bool = False) -> str | None:  # fmt: skip
+                           gqa: bool = False, seqlen_kv: bool = False, backward: bool = False,
+                           seq_len: int | None = None) -> str | None:  # fmt: skip
         """Why this variant cannot run a case (on a GPU of `arch`, when given; in `dtype`; with fewer key/value
         heads than query heads, keys of another length, a backward), or None when it can."""
         if arch is not None and self.target_arch(arch) is None:
@@ -118,6 +120,8 @@ class Variant:
             return f"head dim {head_dim} is not supported by {self.name} (it supports {dims})"
         if causal and not self.causal:
             return f"causal masking is not supported by {self.name}"
+        if seq_len is not None and self.max_seq_len is not None and seq_len > self.max_seq_len:
+            return f"{seq_len} query rows: {self.name} takes at most {self.max_seq_len} (a decode kernel)"
         for feature, wanted in (("gqa", gqa), ("seqlen_kv", seqlen_kv), ("backward", backward)):
             if wanted and not self.supports(feature):
                 return f"{FEATURE_HELP[feature]} is not supported by {self.name}" if feature != "backward" else (
@@ -327,6 +331,9 @@ def _parse_variant(path: Path, root: Path, index: int, entry: Any) -> Variant:
     archs = _parse_archs(entry.get("archs"), fail)
     dtypes = _parse_dtypes(entry.get("dtypes"), fail)
     features = _parse_features(entry.get("features"), fail)
+    max_seq_len = entry.get("max_seq_len")
+    if max_seq_len is not None and (not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool) or max_seq_len < 1):
+        raise fail("max_seq_len", f"must be a positive integer (the most query rows the kernel takes), got {max_seq_len!r}")
     tune = _parse_tune(entry.get("tune"), fail)
     return Variant(
         name=name,
@@ -343,6 +350,7 @@ def _parse_variant(path: Path, root: Path, index: int, entry: Any) -> Variant:
         archs=archs,
         dtypes=dtypes,
         features=features,
+        max_seq_len=max_seq_len,
     )
 
 
