@@ -251,6 +251,19 @@ class Attention:
         except (ValueError, TypeError) as exc:  # the binding's checks: one line, naming the variant
             raise FlashcoreInputError(f"{self.name}: {str(exc).splitlines()[0]}") from None
 
+    def backward(self, grad_out, q, k, v, out, lse, causal: bool = False, scale: float | None = None, grad_lse=None,
+                 into=None):  # fmt: skip
+        """(dq, dk, dv) of one forward call straight from the extension (what the autograd formula runs), into
+        the given (dq, dk, dv) tensors when `into` names them (a check poisons them first)."""
+        if not self.variant.supports("backward"):
+            raise FlashcoreUnsupportedError(f"{self.name} is forward-only: it has no backward")
+        dq, dk, dv = into if into is not None else (None, None, None)
+        try:
+            return self._module.backward(grad_out, q, k, v, out, lse, bool(causal), None if scale is None else float(scale),
+                                         grad_lse, dq, dk, dv)  # fmt: skip
+        except (ValueError, TypeError) as exc:
+            raise FlashcoreInputError(f"{self.name}: {str(exc).splitlines()[0]}") from None
+
     def plan(self, head_dim: int) -> list[tuple[str, int, int]]:
         return list(self._module.plan(head_dim))
 

@@ -203,7 +203,8 @@ def test(
     *,
     all_: All = False,
     shapes: Annotated[
-        Optional[list[str]], typer.Option("--shapes", help="B,H,S,D shapes (repeat, or separate with ';'); default: the standard set")
+        Optional[list[str]], typer.Option("--shapes", help="B,H,S,D or B,Hq:Hkv,Sq:Sk,D shapes (repeat, or separate with ';'); "
+                                          "default: the standard set")
     ] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds per variant (after its build) before it is killed")] = 120.0,
     json_path: JsonOut = None,
@@ -223,8 +224,9 @@ def bench(
     names: Names = None,
     *,
     all_: All = False,
-    shape: Annotated[Optional[str], typer.Option("--shape", help="B,H,S,D (default: the mission shape 1,8,512,64)")] = None,
-    causal: Annotated[bool, typer.Option("--causal", help="causal masking")] = False,
+    shape: Annotated[Optional[str], typer.Option("--shape", help="B,H,S,D, or B,Hq:Hkv,Sq:Sk,D for grouped-query heads and "
+                                                 "keys of another length (default: the mission shape 1,8,512,64)")] = None,
+    causal: Annotated[bool, typer.Option("--causal", help="causal masking, bottom-right (query i sees keys j <= i + Sk - Sq)")] = False,
     reps: Annotated[int, typer.Option("--reps", help="timed samples per row and mode (at least 100)")] = 200,
     warmup: Annotated[int, typer.Option("--warmup", help="untimed calls first")] = 20,
     json_path: JsonOut = None,
@@ -235,12 +237,14 @@ def bench(
                                       "(back-to-back wall time); several, comma-separated, in one record")] = "cold",
     dtype: Annotated[str, typer.Option("--dtype", help="fp16 or bf16: q, k, v of every row, references included "
                                        "(a variant that does not declare it: SKIP)")] = "fp16",
+    passes: Annotated[str, typer.Option("--pass", help="what a timed call does: fwd, bwd (the backward of a saved forward) "
+                                        "or fwd+bwd; backward FLOPs = 2.5 x forward")] = "fwd",
 ) -> int:
     """Time variants beside PyTorch SDPA (default and each backend) and the Triton reference, in one run."""
     from flashcore_cli.commands import cmd_bench
 
     return cmd_bench(ctx.obj["registry"], names, all_, shape, causal, reps, warmup, json_path, timeout, seed, arch, mode,
-                     dtype)  # fmt: skip
+                     dtype, passes)  # fmt: skip
 
 
 from flashcore_cli import cli_tools  # noqa: E402  (the instruments: sanitize, profile, sass, sweep, ...)

@@ -74,18 +74,37 @@ def _modes(spec: dict) -> list[str]:
     return list(spec.get("modes") or ["cold"])
 
 
-def _time(attn, case: Case, spec: dict, events: Events) -> None:
+def variant_call(attn, case: Case, passes: str):
+    """The zero-argument call a timing of `passes` (fwd, bwd or fwd+bwd) repeats, on the case's inputs: the
+    forward into a preallocated output; the backward from a saved forward (o, lse) into preallocated gradients."""
     import torch
 
-    from flashcore_cli.check.case import make_inputs
-    from flashcore_cli.measure.timing import TimingError, time_callable
+    from flashcore_cli.check.case import grad_output, make_inputs
 
     q, k, v = make_inputs(case)
-    out = torch.empty_like(q)
+    if passes == "fwd":
+        out = torch.empty_like(q)
+        return lambda: attn(q, k, v, causal=case.causal, out=out)
+    d_o = grad_output(case)
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    if passes == "bwd":
+        o, lse = attn(q, k, v, causal=case.causal, return_lse=True)
+        return lambda: attn.backward(d_o, q, k, v, o, lse, causal=case.causal, into=grads)
+
+    def forward_backward():
+        o, lse = attn(q, k, v, causal=case.causal, return_lse=True)
+        return attn.backward(d_o, q, k, v, o, lse, causal=case.causal, into=grads)
+
+    return forward_backward
+
+
+def _time(attn, case: Case, spec: dict, events: Events) -> None:
+    from flashcore_cli.measure.timing import TimingError, time_callable
+
+    call = variant_call(attn, case, spec.get("pass", "fwd"))
     for mode in _modes(spec):
         try:
-            timing = time_callable(lambda: attn(q, k, v, causal=case.causal, out=out), mode=mode, reps=spec["reps"],
-                                   warmup=spec["warmup"])  # fmt: skip
+            timing = time_callable(call, mode=mode, reps=spec["reps"], warmup=spec["warmup"])
         except TimingError as exc:  # this mode cannot time the call: say why, go on with the next mode
             events.emit("timing-skipped", name=attn.name, key=attn.build.key, mode=mode, reason=str(exc))
             continue
@@ -119,18 +138,21 @@ def task_bench(spec: dict, events: Events) -> None:
 
 
 def task_references(spec: dict, events: Events) -> None:
+    from flashcore_cli.check.case import make_inputs
     from flashcore_cli.core.records import environment
     from flashcore_cli.measure.references import reference_functions
-    from flashcore_cli.check.case import make_inputs
     from flashcore_cli.measure.timing import L2Flusher, TimingError, time_callable
 
+    from flashcore_cli.measure.roofline import device_peaks
+
     events.emit("built", note="references need no build")
-    events.emit("environment", **environment())
+    peaks = device_peaks()
+    events.emit("environment", **environment(), peaks=peaks.as_dict() if peaks else None)
     case = Case.from_dict(spec["case"])
     q, k, v = make_inputs(case)
     modes = _modes(spec)
     flusher = L2Flusher() if "cold" in modes else None
-    for name, fn, context, why_not in reference_functions(q, k, v, case.causal):
+    for name, fn, context, why_not in reference_functions(q, k, v, case.causal, spec.get("pass", "fwd")):
         if fn is None:
             events.emit("reference-skipped", name=name, reason=why_not)  # no mode: skipped in every mode
             continue
@@ -158,21 +180,29 @@ def _first_line(exc: BaseException) -> str:
 
 def task_launch(spec: dict, events: Events) -> None:
     """Call the variant `calls` times on one case and nothing else: the process compute-sanitizer or ncu
-    watches (sanitize/profile build the variant beforehand, so this only loads it from the cache)."""
+    watches (sanitize/profile build the variant beforehand, so this only loads it from the cache). A variant
+    with a backward runs it too (from the forward's o and lse, into NaN-poisoned gradients), so the tools see
+    both passes."""
     import torch
 
-    from flashcore_cli.check.case import make_inputs
+    from flashcore_cli.check.case import grad_output, make_inputs
 
     attn = _build(spec, events)
     if attn is None:
         return
     case = Case.from_dict(spec["case"])
     q, k, v = make_inputs(case)
+    backward = attn.variant.supports("backward")
     out = torch.full_like(q, float("nan"))
     events.emit("case-start", case=case.as_dict())
     try:
         for _ in range(spec.get("calls", 1)):
-            attn(q, k, v, causal=case.causal, out=out)
+            if backward:
+                out, lse = attn(q, k, v, causal=case.causal, return_lse=True)
+                grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+                attn.backward(grad_output(case), q, k, v, out, lse, causal=case.causal, into=grads)
+            else:
+                attn(q, k, v, causal=case.causal, out=out)
         torch.cuda.synchronize()
     except Exception as exc:
         _crash(events, exc, case.label())

@@ -126,7 +126,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> backward(const torch::Te
                                                                  const torch::Tensor& k, const torch::Tensor& v,
                                                                  const torch::Tensor& o, const torch::Tensor& lse,
                                                                  bool causal, c10::optional<double> scale,
-                                                                 const c10::optional<torch::Tensor>& grad_lse) {
+                                                                 const c10::optional<torch::Tensor>& grad_lse,
+                                                                 c10::optional<torch::Tensor> dq_out,
+                                                                 c10::optional<torch::Tensor> dk_out,
+                                                                 c10::optional<torch::Tensor> dv_out) {
   TORCH_CHECK_VALUE(has(kFlashcoreBackward), "this variant is forward-only: it has no backward");
   check_problem(q, k, v);
   check_same(o, "out", q, "q", q);
@@ -140,8 +143,13 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> backward(const torch::Te
                           grad_lse->sizes() == lse.sizes(),
                       "grad_lse must be a contiguous float32 tensor shaped like lse ", lse.sizes());
   }
+  if (dq_out.has_value()) check_same(*dq_out, "dq", q, "q", q);
+  if (dk_out.has_value()) check_same(*dk_out, "dk", k, "k", q);
+  if (dv_out.has_value()) check_same(*dv_out, "dv", v, "v", q);
   const c10::cuda::CUDAGuard guard(q.device());
-  auto dq = torch::empty_like(q), dk = torch::empty_like(k), dv = torch::empty_like(v);
+  auto dq = dq_out.has_value() ? *dq_out : torch::empty_like(q);
+  auto dk = dk_out.has_value() ? *dk_out : torch::empty_like(k);
+  auto dv = dv_out.has_value() ? *dv_out : torch::empty_like(v);
   if (q.numel() == 0 || k.numel() == 0) {
     dk.zero_();
     dv.zero_();
@@ -178,9 +186,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("out") = py::none());
   m.def("forward_lse", &forward_lse, "attention forward that also returns the row log-sum-exp (fp32 [B, H, S])",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none());
-  m.def("backward", &backward, "attention backward: (dq, dk, dv) from grad_out, q, k, v, out, lse", py::arg("grad_out"),
+  m.def("backward", &backward, "attention backward: (dq, dk, dv) from grad_out, q, k, v, out, lse (into dq, dk, dv when given)",
+        py::arg("grad_out"),
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("causal") = false,
-        py::arg("scale") = py::none(), py::arg("grad_lse") = py::none());
+        py::arg("scale") = py::none(), py::arg("grad_lse") = py::none(), py::arg("dq") = py::none(),
+        py::arg("dk") = py::none(), py::arg("dv") = py::none());
   m.def("dtypes", &flashcore_dtypes, "the element types the launcher takes: a mask of 1 << (0: fp16, 1: bf16)");
   m.def("max_seq_len", &flashcore_max_seq_len, "the most query rows the launcher takes (0: any)");
   m.def("features", &flashcore_features, "what else it supports: a mask of 1 << (0: gqa, 1: seqlen_kv, 2: lse, 3: backward)");

@@ -328,6 +328,27 @@ __device__ __forceinline__ void store_warp_rows(unsigned char* tile, int tile_ro
   }
 }
 
+// A row's log-sum-exp in natural-log units from its max m (in log2 units: S * scale * log2 e) and its sum
+// l = sum_j exp2(S_j * scale * log2 e - m): LSE = (m + log2 l) ln 2; +inf for a row that saw no key (l = 0),
+// so that a backward's P = exp(S - LSE) is 0 there.
+__device__ __forceinline__ float row_lse(float m_log2, float l) {
+  return l > 0.f ? (m_log2 + __log2f(l)) * 0.6931471805599453f : INFINITY;
+}
+
+// The warp's rows' LSE ([S] of this head) from its row state (m_i in raw-score units), one lane per row.
+template <class Cfg>
+__device__ __forceinline__ void store_warp_lse(float* lse, int row0, int seq_len, const float (&m_i)[Cfg::kMTiles][2],
+                                               const float (&l_i)[Cfg::kMTiles][2], float scale_log2, int lane) {
+  if ((lane & 3) != 0) return;
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + mt * 16 + (lane >> 2) + 8 * h;
+      if (row < seq_len) lse[row] = row_lse(m_i[mt][h] * scale_log2, l_i[mt][h]);
+    }
+}
+
 // The split kernels' partials: each warp's unnormalised (m_i, l_i, O_i) rows into shared memory, row
 // `group * kBlockM + r` of stats ([kSplit][kBlockM] float2: m_i * scale log2 e, l_i) and of o_part
 // ([kSplit][kBlockM][kOStride] fp32).
@@ -387,7 +408,7 @@ __device__ __forceinline__ float merge_parts(int n, Stat stat, Row row, int c, f
 // rows m0.. of o ([S, D]); rows at or past seq_len are not written.
 template <class Cfg, class T = __half>
 __device__ __forceinline__ void merge_split_rows(const float2* stats, const float* o_part, __half* o, int m0,
-                                                 int seq_len, int tid) {
+                                                 int seq_len, int tid, float* lse) {
   constexpr int kBlockChunks = Cfg::kBlockM * Cfg::kChunks;
   for (int i = tid; i < kBlockChunks; i += Cfg::kThreads) {
     const int r = i / Cfg::kChunks;
@@ -395,10 +416,11 @@ __device__ __forceinline__ void merge_split_rows(const float2* stats, const floa
     if (m0 + r >= seq_len) continue;
     float l_all;
     float acc[8];
-    merge_parts<Cfg::kSplit>(
+    const float m_all = merge_parts<Cfg::kSplit>(
         Cfg::kSplit, [&](int sg) { return stats[sg * Cfg::kBlockM + r]; },
         [&](int sg) { return o_part + (sg * Cfg::kBlockM + r) * Cfg::kOStride; }, c, l_all, acc);
     const float inv_l = l_all > 0.f ? 1.f / l_all : 0.f;
+    if (lse != nullptr && c == 0) lse[m0 + r] = row_lse(m_all, l_all);
     uint4 out;
     out.x = Element<T>::pack(acc[0] * inv_l, acc[1] * inv_l);
     out.y = Element<T>::pack(acc[2] * inv_l, acc[3] * inv_l);

@@ -221,30 +221,35 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   const int warp = tid / fc::kWarpSize;
   const int group = warp / Cfg::kRowWarps;     // which kBlockN keys of every stage this warp takes
   const int row_warp = warp % Cfg::kRowWarps;  // which kWarpM rows of Q_i this warp owns
-  const int seq_len = p.seq_len;
+  const int seq_len = p.seq_len;        // S: query rows
+  const int seq_len_kv = p.seq_len_kv;  // S_kv: key rows
+  const int offset = fc::causal_offset(p);  // causal: row i sees keys j <= i + offset
   // Heaviest query tiles first under causal masking: the last tile sees every key.
   const bool tile_fastest = query_tile_fastest(p.causal, kHeadDim);
   const int tile_index = tile_fastest ? blockIdx.x : blockIdx.y;  // this CTA's place among its head's CTAs
   const int tiles = tile_fastest ? gridDim.x : gridDim.y;
   const int m_block = p.causal ? tiles - 1 - tile_index : tile_index;
   const int m0 = m_block * kBlockM;
-  const size_t base = static_cast<size_t>(tile_fastest ? blockIdx.y : blockIdx.x) * seq_len * kHeadDim;
-  const __half* __restrict__ q = p.q + base;  // [S, D] of this (b, h)
-  const __half* __restrict__ k = p.k + base;  // [S, D]
-  const __half* __restrict__ v = p.v + base;  // [S, D]
-  __half* __restrict__ o = p.o + base;        // [S, D]
+  const int bh = tile_fastest ? blockIdx.y : blockIdx.x;  // b * H + h
+  // b * H_kv + h / (H / H_kv): the key/value head this query head reads (the tensor maps' third coordinate)
+  const int head = (bh / p.heads) * p.heads_kv + (bh % p.heads) / (p.heads / p.heads_kv);
+  const size_t base = static_cast<size_t>(bh) * seq_len * kHeadDim;
+  const size_t kv_base = static_cast<size_t>(head) * seq_len_kv * kHeadDim;
+  const __half* __restrict__ q = p.q + base;     // [S, D] of this (b, h)
+  const __half* __restrict__ k = p.k + kv_base;  // [S_kv, D]
+  const __half* __restrict__ v = p.v + kv_base;  // [S_kv, D]
+  __half* __restrict__ o = p.o + base;           // [S, D]
 
   unsigned char* q_s = smem;                                                     // [kBlockM][D]
   auto k_stage = [&](int stage) { return smem + Cfg::kQBytes + stage * Cfg::kStageBytes; };  // [kTileN][D]
 
   // Keys at or past kv_end are invisible to every row of the CTA: never loaded (zero-filled) nor visited.
-  const int kv_end = p.causal ? min(seq_len, m0 + kBlockM) : seq_len;
+  const int kv_end = p.causal ? max(0, min(seq_len_kv, m0 + kBlockM + offset)) : seq_len_kv;
   const int n_tiles = fc::ceil_div(kv_end, Cfg::kTileN);
-  const int head = tile_fastest ? blockIdx.y : blockIdx.x;  // b * H + h: the tensor maps' third coordinate
   auto load_tile = [&](int tile, int stage) {
     unsigned char* k_s = k_stage(stage);
     if constexpr (kTma) {
-      // One thread; rows past kv_end but before seq_len arrive too (the masks hide them), rows past seq_len
+      // One thread; rows past kv_end but before S_kv arrive too (the masks hide them), rows past S_kv
       // arrive as zeros.
       if (tid == 0) {
         fc::mbarrier_arrive_expect_bytes(&stage_full[stage], Cfg::kStageBytes);
@@ -291,8 +296,8 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   } else if constexpr (kSplit > 1) {
     // Short sequences: the CTAs of a head split the rest of its K and V into slices and prefetch them to
     // L2 now, so later stages hit L2 instead of each paying a DRAM round trip in lockstep.
-    const long long first = static_cast<long long>(min(seq_len, (kStages - 1) * Cfg::kTileN)) * Cfg::kRowBytes / 32;
-    const long long sectors = static_cast<long long>(seq_len) * Cfg::kRowBytes / 32 - first;
+    const long long first = static_cast<long long>(min(seq_len_kv, (kStages - 1) * Cfg::kTileN)) * Cfg::kRowBytes / 32;
+    const long long sectors = static_cast<long long>(seq_len_kv) * Cfg::kRowBytes / 32 - first;
     const long long begin = first + sectors * tile_index / tiles;
     const long long end = first + sectors * (tile_index + 1) / tiles;
     for (long long sector = begin + tid; sector < end; sector += Cfg::kThreads) {
@@ -303,7 +308,8 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
 
   // Rows of this warp, and the keys any of them can see (none for a warp wholly past the sequence end).
   const int warp_row0 = m0 + row_warp * kWarpM;
-  const int warp_kv_end = warp_row0 >= seq_len ? 0 : p.causal ? min(seq_len, warp_row0 + kWarpM) : seq_len;
+  const int warp_kv_end =
+      warp_row0 >= seq_len ? 0 : p.causal ? max(0, min(seq_len_kv, warp_row0 + kWarpM + offset)) : seq_len_kv;
   const float scale_log2 = p.scale * kLog2e;
 
   // Per-lane ldmatrix row addresses (tile-relative rows are multiples of 8, so row & 7 = lane & 7):
@@ -328,8 +334,8 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   };
   // Only tiles crossing the diagonal or the sequence end carry invisible keys.
   auto mask_edge = [&](Scores& s, int key0) {
-    if (key0 + kBlockN > seq_len || (p.causal && key0 + kBlockN - 1 > warp_row0)) {
-      fc::mask_scores<Cfg>(s, warp_row0, key0, seq_len, p.causal, lane);
+    if (key0 + kBlockN > seq_len_kv || (p.causal && key0 + kBlockN - 1 > warp_row0 + offset)) {
+      fc::mask_scores<Cfg>(s, warp_row0 + offset, key0, seq_len_kv, p.causal, lane);
     }
   };
   // P = exp(S * scale - m_new), O = diag(exp(m_i - m_new)) O, then O = O + P V_j.
@@ -428,6 +434,9 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   if constexpr (kSplit == 1) {
     // O_i = diag(1 / l_i) O_i, staged as fp16 over this warp's own Q_i rows (only this warp ever reads them).
     fc::store_warp_rows<Cfg, T>(q_s, row_warp * kWarpM, o, warp_row0, seq_len, o_acc, l_i, lane);
+    if (p.lse != nullptr) {
+      fc::store_warp_lse<Cfg>(p.lse + static_cast<size_t>(bh) * seq_len, warp_row0, seq_len, m_i, l_i, scale_log2, lane);
+    }
   } else {
     // Merge the kSplit groups: m = max_g m_g, l = sum_g exp2(m_g - m) l_g, O = sum_g exp2(m_g - m) O_g / l.
     // (TMA: every tile loaded was waited on by some warp, since group 0 of the last row warp with rows
@@ -438,7 +447,8 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     float* o_part = reinterpret_cast<float*>(smem + Cfg::kStatsBytes);    // [kSplit][kBlockM][kOStride]
     fc::store_partials<Cfg>(stats, o_part, o_acc, m_i, l_i, group, row_warp, scale_log2, lane);
     __syncthreads();
-    fc::merge_split_rows<Cfg, T>(stats, o_part, o, m0, seq_len, tid);
+    fc::merge_split_rows<Cfg, T>(stats, o_part, o, m0, seq_len, tid,
+                                 p.lse == nullptr ? nullptr : p.lse + static_cast<size_t>(bh) * seq_len);
   }
 }
 
@@ -559,7 +569,7 @@ static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
   return fc::launch_status();
 }
 
-// A [B * H][S][D] fp16 (bf16) tensor as a 3-D map whose boxes are a stage's kTileN rows x D (D = 64: one 128-byte row
+// A [B * H_kv][S_kv][D] fp16 (bf16) tensor as a 3-D map whose boxes are a stage's kTileN rows x D (D = 64: one 128-byte row
 // per box row), swizzled 128 bytes (the chunk ^ (row & 7) layout the kernel reads), zeros past S. False when
 // the driver refuses it (a misaligned base, say); the caller then takes the cp.async kernel.
 template <class Cfg, class T>
@@ -569,9 +579,9 @@ static bool encode_rows_map(CUtensorMap* map, const void* base, const FlashcoreP
       std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const cuuint64_t row_bytes = static_cast<cuuint64_t>(p.head_dim) * sizeof(T);
   return fc::encode_tensor_map<3>(map, data_type, base,
-                                  {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.seq_len),
-                                   static_cast<cuuint64_t>(p.batch) * p.heads},
-                                  {row_bytes, row_bytes * p.seq_len},  // bytes, dims 1 and 2
+                                  {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.seq_len_kv),
+                                   static_cast<cuuint64_t>(p.batch) * p.heads_kv},
+                                  {row_bytes, row_bytes * p.seq_len_kv},  // bytes, dims 1 and 2
                                   {static_cast<cuuint32_t>(p.head_dim), static_cast<cuuint32_t>(rows), 1},
                                   CU_TENSOR_MAP_SWIZZLE_128B);
 }
@@ -590,10 +600,11 @@ static const char* launch_tma(const FlashcoreParams& p, cudaStream_t stream, boo
   static thread_local struct {
     const void* k = nullptr;
     const void* v = nullptr;
-    int batch = 0, heads = 0, seq_len = 0;
+    int batch = 0, heads_kv = 0, seq_len_kv = 0;
     CUtensorMap map_k, map_v;
   } last;
-  if (last.k != p.k || last.v != p.v || last.batch != p.batch || last.heads != p.heads || last.seq_len != p.seq_len) {
+  if (last.k != p.k || last.v != p.v || last.batch != p.batch || last.heads_kv != p.heads_kv ||
+      last.seq_len_kv != p.seq_len_kv) {
     last.k = nullptr;  // no valid pair until both maps are made
     if (!encode_rows_map<Cfg, T>(&last.map_k, p.k, p) || !encode_rows_map<Cfg, T>(&last.map_v, p.v, p)) {
       return nullptr;
@@ -601,8 +612,8 @@ static const char* launch_tma(const FlashcoreParams& p, cudaStream_t stream, boo
     last.k = p.k;
     last.v = p.v;
     last.batch = p.batch;
-    last.heads = p.heads;
-    last.seq_len = p.seq_len;
+    last.heads_kv = p.heads_kv;
+    last.seq_len_kv = p.seq_len_kv;
   }
   *launched = true;
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(p, last.map_k, last.map_v);
@@ -666,12 +677,15 @@ static int plan_dtype(int head_dim, FlashcoreKernelPlan* all) {
   return count;
 }
 
-// The fp16 kernels, then the bf16 ones.
+int v11_backward_plan(int head_dim, FlashcoreKernelPlan* plans);  // v11_bwd.cu
+
+// The forward's fp16 kernels, then its bf16 ones, then the backward's (v11_bwd.cu).
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
-  FlashcoreKernelPlan all[8];
+  FlashcoreKernelPlan all[kFlashcoreMaxPlans];
   int count = plan_dtype<__half>(head_dim, all);
   if (count == 0) return 0;
   count += plan_dtype<__nv_bfloat16>(head_dim, all + count);
+  count += v11_backward_plan(head_dim, all + count);
   const int n = max_plans < count ? max_plans : count;
   for (int i = 0; i < n; ++i) plans[i] = all[i];
   return n;
@@ -681,9 +695,14 @@ const char* flashcore_forward(const FlashcoreParams& p, cudaStream_t stream) {
   // The running max is kept in raw-score units, which orders like the scaled scores only for scale > 0.
   if (!(p.scale > 0.f)) return fc::message("v11 needs a softmax scale > 0 (got %g)", p.scale);
   if (p.seq_len < 1 || p.batch < 1 || p.heads < 1) return nullptr;
+  if (p.seq_len_kv < 1) return "v11: k and v have no rows";
   // fp16 first: its kernels are then emitted first, and their SASS is what it was before bf16 existed
   return p.dtype != kFlashcoreBFloat16 ? forward_dtype<__half>(p, stream) : forward_dtype<__nv_bfloat16>(p, stream);
 }
 
 // fp16 and bf16: the same kernels, instantiated for each (v11_fwd*_bf16).
 int flashcore_dtypes() { return (1 << kFlashcoreFloat16) | (1 << kFlashcoreBFloat16); }
+
+// Grouped-query heads and S_kv != S (each query head reads its K/V head; the causal mask is bottom-right), the
+// row log-sum-exp when asked, and the backward in v11_bwd.cu.
+int flashcore_features() { return kFlashcoreGqa | kFlashcoreSeqLenKv | kFlashcoreLse | kFlashcoreBackward; }

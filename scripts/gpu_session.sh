@@ -81,6 +81,28 @@ instruments() {  # the instruments on v11: profile, sass, sweep, compare, tune (
   step tune-v10 flashcore tune v10 --param V10_BLOCK_N=64 --param V10_STAGES=2,3 --reps 100
 }
 
+grads() {  # v11 forward and backward: the default cases with gradients, the autograd GPU tests, a tiny transformer
+  step test-v11 flashcore --registry "$REG" test v11 --json "$LOGS/test-v11.json"
+  step pytest-autograd python3 -m pytest -q -m gpu tests/test_autograd.py tests/test_custom_op.py
+  step train-tiny python3 scripts/train_tiny.py --steps ${TRAIN_STEPS:-300}
+}
+
+bwdbench() {  # v11's backward beside SDPA's backends (the backward alone), SHAPES="2,16,4096,64 ..." (causal too)
+  for shape in ${SHAPES:-2,16,4096,64 2,16,4096,128}; do
+    for causal in "" --causal; do
+      step "bench-bwd-$shape$causal" flashcore --registry "$REG" bench ${VARIANTS:-v11} --pass bwd --shape "$shape" $causal \
+        --reps 100 --json "$LOGS/bench-bwd-$shape$causal.json"
+    done
+  done
+}
+
+prevbench() {  # v11 beside the build before this session (.prev/variants.yaml, carried): forward, same run
+  for shape in ${PREV_SHAPES:-1,8,512,64 2,16,4096,64 2,16,4096,128}; do
+    step "bench-prev-$shape" flashcore --registry .prev/variants.yaml bench v11 v11prev --shape "$shape" --reps 100 \
+      --json "$LOGS/bench-prev-$shape.json"
+  done
+}
+
 gputests() {  # the gpu-marked pytest suite
   step pytest-gpu python3 -m pytest -q -m gpu -x
 }

@@ -117,11 +117,11 @@ def test_bench_dtype_reaches_the_workers_and_the_record(monkeypatch, tmp_path):
 
     seen = []
 
-    def fake_references(case, *, reps, warmup, timeout, modes=("cold",), on_event=None):
+    def fake_references(case, *, reps, warmup, timeout, modes=("cold",), on_event=None, passes="fwd"):
         seen.append(case.dtype)
         return {m: [BenchRow("sdpa", "reference", "OK", {"median_us": 10.0, "p10_us": 9.0, "p90_us": 11.0})] for m in modes}, {}
 
-    def fake_variant(registry, variant, case, *, arch, reps, warmup, timeout, modes=("cold",), on_event=None, defines=None):
+    def fake_variant(registry, variant, case, *, arch, reps, warmup, timeout, modes=("cold",), on_event=None, defines=None, passes="fwd"):
         seen.append(case.dtype)
         return {m: BenchRow(variant.name, "variant", "OK", {"median_us": 8.0, "p10_us": 7.0, "p90_us": 9.0}) for m in modes}
 

@@ -16,7 +16,8 @@ def test_the_default_set_holds_every_extreme_kind_at_every_head_dim_and_mask():
         for d in (64, 128):
             assert (kind, d, False) in kinds and (kind, d, True) in kinds
     assert len({c.seed for c in cases}) == len(cases)  # every case its own inputs
-    assert sum(c.inputs == "randn" for c in cases) == 28  # the random cases are unchanged
+    mha = [c for c in cases if not (c.shape.gqa or c.shape.other_kv_len)]
+    assert sum(c.inputs == "randn" for c in mha) == 28  # the random [B, H, S, D] cases are unchanged
 
 
 def test_a_case_round_trips_through_json_and_stays_hashable():

@@ -35,3 +35,58 @@ def test_flops():
     s = Shape(2, 16, 4096, 64)
     assert attention_flops(s, False) == 4 * 2 * 16 * 4096**2 * 64
     assert attention_flops(s, True) == attention_flops(s, False) / 2
+
+
+# ---- grouped-query heads and keys of another length: B,Hq:Hkv,Sq:Sk,D ----
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("8,32:8,1:8192,128", Shape(8, 32, 1, 128, 8, 8192)),
+        ("1,4,3:1025,64", Shape(1, 4, 3, 64, 4, 1025)),
+        ("2,6:2,300,64", Shape(2, 6, 300, 64, 2, 300)),
+        ("1,8,512,64", Shape(1, 8, 512, 64, 8, 512)),
+    ],
+)
+def test_parse_grouped_and_uneven_shapes(text, expected):
+    shape = parse_shape(text)
+    assert shape == expected
+    assert parse_shape(str(shape)) == shape  # printed as typed: a record's shape parses back
+    assert str(parse_shape("1,8:8,512:512,64")) == "1,8,512,64"  # equal pairs print in the short form
+
+
+@pytest.mark.parametrize("text, needle", [("1,6:4,8,64", "multiple of the key/value heads"), ("1,8:0,8,64", "at least 1"),
+                                          ("1,8,8:,64", "bad shape"), ("1,8:2:1,8,64", "bad shape"), ("1:2,8,8,64", "bad shape")])
+def test_bad_grouped_shapes_are_clear_errors(text, needle):
+    with pytest.raises(FlashcoreError, match=needle):
+        parse_shape(text)
+
+
+def test_causal_flops_count_the_visible_pairs_bottom_right():
+    from flashcore_cli.registry.shapes import visible_pairs
+
+    for sq, sk in [(1, 1), (1, 97), (3, 1025), (17, 4097), (513, 1000), (300, 128), (7, 3), (4, 5)]:
+        brute = sum(1 for i in range(sq) for j in range(sk) if j <= i + sk - sq)
+        expected = sq * sq / 2 if sq == sk else brute  # Sq = Sk keeps FlashAttention's S^2 / 2 convention
+        assert visible_pairs(Shape(1, 1, sq, 64, 1, sk), True) == expected
+    decode = Shape(8, 32, 1, 128, 8, 8192)
+    assert attention_flops(decode, True) == attention_flops(decode, False) == 4 * 8 * 32 * 8192 * 128
+
+
+def test_pass_flops_and_bytes():
+    from flashcore_cli.registry.shapes import pass_bytes, pass_flops
+
+    s = Shape(8, 32, 1, 128, 8, 8192)
+    assert pass_flops(s, False, "bwd") == 2.5 * attention_flops(s, False)
+    assert pass_flops(s, False, "fwd+bwd") == 3.5 * attention_flops(s, False)
+    kv = 8 * 8 * 8192 * 128
+    q = 8 * 32 * 1 * 128
+    assert pass_bytes(s, "fwd") == 2 * (2 * q + 2 * kv)  # Q, O and K, V once, 2 bytes each
+
+
+def test_default_cases_hold_grouped_and_uneven_shapes():
+    cases = default_cases((64,), base_seed=1)
+    ratios = {c.shape.heads // c.shape.heads_kv for c in cases}
+    assert {1, 4, 8, 32} <= ratios
+    pairs = {(c.shape.seq_len, c.shape.seq_len_kv) for c in cases}
+    assert {(1, 1), (1, 97), (3, 1025), (17, 4097), (513, 1000)} <= pairs
+    assert any(c.shape.seq_len > c.shape.seq_len_kv for c in cases)  # rows that see no key under causal

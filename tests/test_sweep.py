@@ -123,14 +123,14 @@ def test_the_command_end_to_end_with_fake_timings(monkeypatch, tmp_path):
     from flashcore_cli.measure import gpus
     asked_modes = set()
 
-    def fake_references(case, *, reps, warmup, timeout, modes=("cold",), on_event=None):
+    def fake_references(case, *, reps, warmup, timeout, modes=("cold",), on_event=None, passes="fwd"):
         asked_modes.update(modes)
         s = case.shape.seq_len
         rows = [BenchRow("sdpa", "reference", "OK", {"median_us": s / 50, "p10_us": s / 51, "p90_us": s / 49, "samples_us": [s / 50] * reps})]
         rows += [BenchRow("triton", "reference", "SKIP", detail="no triton")]
         return {m: rows for m in modes}, {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11"}
 
-    def fake_variant(registry, variant, case, *, arch, reps, warmup, timeout, modes=("cold",), on_event=None, defines=None):
+    def fake_variant(registry, variant, case, *, arch, reps, warmup, timeout, modes=("cold",), on_event=None, defines=None, passes="fwd"):
         asked_modes.update(modes)
         s = case.shape.seq_len
         if s > 512:

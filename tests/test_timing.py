@@ -178,11 +178,11 @@ def test_bench_writes_one_record_with_every_mode(monkeypatch, tmp_path):
     medians = {"cold": (12.0, 20.0), "graph": (9.0, 15.0), "host": (16.2, 25.0)}
     asked = []
 
-    def fake_references(case, *, reps, warmup, timeout, modes=("cold",), on_event=None):
+    def fake_references(case, *, reps, warmup, timeout, modes=("cold",), on_event=None, passes="fwd"):
         asked.append(tuple(modes))
         return {m: [timed("sdpa", "reference", medians[m][0])] for m in modes}, {"gpu": "NVIDIA H200", "torch": "2.11"}
 
-    def fake_variant(registry, variant, case, *, arch, reps, warmup, timeout, modes=("cold",), on_event=None, defines=None):
+    def fake_variant(registry, variant, case, *, arch, reps, warmup, timeout, modes=("cold",), on_event=None, defines=None, passes="fwd"):
         asked.append(tuple(modes))
         return {m: timed(variant.name, "variant", medians[m][1]) for m in modes}
 

@@ -74,7 +74,10 @@ class VariantOutcome:
 
 def plan_cases(variant: Variant, shapes: list[Shape] | None, seed: int, causal_modes=(False, True),
                dtypes: tuple[str, ...] | None = None) -> list[Case]:  # fmt: skip
-    """The cases of every dtype the variant declares (or of `dtypes`), fp16's first: its seeds are as before."""
+    """The cases of every dtype the variant declares (or of `dtypes`), fp16's first: its seeds are as before. A
+    variant with a backward has its gradients checked in every case."""
+    import dataclasses
+
     cases: list[Case] = []
     for dtype in dtypes or variant.dtypes:
         base = seed + len(cases)
@@ -82,6 +85,8 @@ def plan_cases(variant: Variant, shapes: list[Shape] | None, seed: int, causal_m
             cases += expand_cases(shapes, base, causal_modes, dtype)
         else:
             cases += [c for c in default_cases(variant.head_dims, base, dtype) if c.causal in causal_modes]
+    if variant.supports("backward"):
+        cases = [dataclasses.replace(c, grads=True) for c in cases]
     return cases
 
 
@@ -97,7 +102,7 @@ def run_variant(
 ) -> VariantOutcome:
     runnable, outcomes = [], {}
     for case in cases:
-        reason = variant.unsupported_reason(case.shape.head_dim, case.causal, arch, case.dtype)
+        reason = variant.unsupported_reason(case.shape.head_dim, case.causal, arch, case.dtype, **case.needs())
         if reason:
             outcomes[case] = CaseOutcome(case, "SKIP", detail=reason)
         else:

@@ -222,7 +222,7 @@ def run_profile(registry_path, name: str, shape_text: str | None, causal: bool, 
     reg = load_registry(registry_path)
     variant = reg.get(name)
     shape = parse_shape(shape_text or MISSION_SHAPE)
-    reason = variant.unsupported_reason(shape.head_dim, causal)
+    reason = variant.unsupported_reason(shape.head_dim, causal, gqa=shape.gqa, seqlen_kv=shape.other_kv_len, seq_len=shape.seq_len)
     if reason:
         raise FlashcoreError(reason)
     ncu = require("ncu", "`flashcore profile`")

@@ -145,7 +145,7 @@ def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, ca
     reg = load_registry(registry_path)
     variant = reg.get(name)
     shape = parse_shape(shape_text or f"1,2,{DEFAULT_SEQ_LEN},{variant.head_dims[0]}")
-    reason = variant.unsupported_reason(shape.head_dim, causal)
+    reason = variant.unsupported_reason(shape.head_dim, causal, gqa=shape.gqa, seqlen_kv=shape.other_kv_len, seq_len=shape.seq_len)
     if reason:
         raise FlashcoreError(reason)
     case = Case(shape, causal, seed=1)

@@ -23,7 +23,8 @@ from flashcore_cli.core.isolate import run_worker
 from flashcore_cli.core.records import clocks
 from flashcore_cli.measure.references import SDPA_DEFAULT
 from flashcore_cli.registry.variants import Registry, Variant
-from flashcore_cli.registry.shapes import Case, Shape, attention_flops
+from flashcore_cli.measure.roofline import Peaks, roofline
+from flashcore_cli.registry.shapes import Case, Shape, pass_bytes, pass_flops
 
 MIN_REPS = 100
 TIMING_KEYS = ("median_us", "p10_us", "p90_us", "calls_per_sample", "timed_out_samples", "samples_us")
@@ -42,11 +43,14 @@ class BenchRow:
     def median(self) -> float | None:
         return self.timing.get("median_us")
 
-    def as_dict(self, flops: float, sdpa_median: float | None) -> dict:
+    def as_dict(self, flops: float, sdpa_median: float | None, bytes_moved: float = 0.0,
+                peaks: Peaks | None = None) -> dict:  # fmt: skip
         d = {"name": self.name, "kind": self.kind, "status": self.status, "key": self.key, "detail": self.detail}
         if self.median:
             d["tflops"] = flops / (self.median * 1e-6) / 1e12
             d["speedup_vs_sdpa"] = sdpa_median / self.median if sdpa_median else None
+            if bytes_moved:
+                d["roofline"] = roofline(flops, bytes_moved, self.median, peaks).as_dict()
         d.update(self.timing)
         return d
 
@@ -62,6 +66,7 @@ class BenchRun:
     seed: int
     modes: list[str] = field(default_factory=lambda: ["cold"])
     dtype: str = "fp16"  # of q, k, v for every row, references included
+    passes: str = "fwd"  # what a timed call does: fwd, bwd or fwd+bwd (shapes.PASSES)
     rows: dict[str, list[BenchRow]] = field(default_factory=dict)  # mode -> its rows, in run order
     environment: dict = field(default_factory=dict)
     clocks_after: dict = field(default_factory=dict)
@@ -69,7 +74,15 @@ class BenchRun:
 
     @property
     def flops(self) -> float:
-        return attention_flops(self.shape, self.causal)
+        return pass_flops(self.shape, self.causal, self.passes)
+
+    @property
+    def bytes_moved(self) -> float:
+        return pass_bytes(self.shape, self.passes)
+
+    @property
+    def peaks(self) -> Peaks | None:
+        return Peaks.from_dict(self.environment.get("peaks"))
 
     def add(self, rows_by_mode: dict[str, list[BenchRow]]) -> None:
         for mode in self.modes:
@@ -78,7 +91,7 @@ class BenchRun:
     def section(self, mode: str) -> dict:
         rows = self.rows.get(mode, [])
         sdpa = sdpa_median(rows)
-        return {"mode": mode, "rows": [r.as_dict(self.flops, sdpa) for r in rows]}
+        return {"mode": mode, "rows": [r.as_dict(self.flops, sdpa, self.bytes_moved, self.peaks) for r in rows]}
 
     def record(self) -> dict:
         sections = [self.section(m) for m in self.modes]
@@ -89,8 +102,10 @@ class BenchRun:
             "shape": str(self.shape),
             "causal": self.causal,
             "dtype": self.dtype,
+            "pass": self.passes,
             "seed": self.seed,
             "flops": self.flops,
+            "bytes": self.bytes_moved,
             "environment": self.environment,
             "clocks_after": self.clocks_after,
             "rows": sections[0]["rows"],
@@ -100,10 +115,11 @@ class BenchRun:
         return record
 
 
-def bench_references(case: Case, *, reps: int, warmup: int, timeout: float, modes=("cold",),
-                     on_event=None) -> tuple[dict[str, list[BenchRow]], dict]:  # fmt: skip
+def bench_references(case: Case, *, reps: int, warmup: int, timeout: float, modes=("cold",), on_event=None,
+                     passes: str = "fwd") -> tuple[dict[str, list[BenchRow]], dict]:  # fmt: skip
     """The reference rows of every mode ({mode: rows}) and the run's environment, from one worker."""
-    spec = {"task": "references", "case": case.as_dict(), "reps": reps, "warmup": warmup, "modes": list(modes)}
+    spec = {"task": "references", "case": case.as_dict(), "reps": reps, "warmup": warmup, "modes": list(modes),
+            "pass": passes}  # fmt: skip
     worker = run_worker(spec, run_timeout=timeout, on_event=on_event)
     env = (worker.find("environment") or [{}])[0]
     env = {k: v for k, v in env.items() if k != "event"}
@@ -139,9 +155,10 @@ def bench_variant(
     modes=("cold",),
     on_event=None,
     defines: dict[str, str] | None = None,
+    passes: str = "fwd",
 ) -> dict[str, BenchRow]:
     """The variant's row in every mode ({mode: row}); one worker builds, checks and times it in each."""
-    reason = variant.unsupported_reason(case.shape.head_dim, case.causal, arch, case.dtype)
+    reason = variant.unsupported_reason(case.shape.head_dim, case.causal, arch, case.dtype, **case.needs())
     if reason:
         return {m: BenchRow(variant.name, "variant", "SKIP", detail=reason) for m in modes}
     spec = {
@@ -154,6 +171,7 @@ def bench_variant(
         "reps": reps,
         "warmup": warmup,
         "modes": list(modes),
+        "pass": passes,
     }
     worker = run_worker(spec, run_timeout=timeout, on_event=on_event)
     return {m: _variant_row(variant, case, worker, m, timeout) for m in modes}

@@ -10,39 +10,58 @@ SDPA_DEFAULT = "sdpa"
 MATH_SCORE_LIMIT_BYTES = 4 << 30
 
 
-def math_skip_reason(shape) -> str:
-    """Why the sdpa-math row is not timed at this (B, H, S, D) shape, or "" when it is."""
+def math_skip_reason(shape, kv_shape=None) -> str:
+    """Why the sdpa-math row is not timed at this q shape (B, H, S, D) and k shape, or "" when it is."""
     b, h, s, _ = shape
-    score_bytes = b * h * s * s * 4
+    s_kv = kv_shape[2] if kv_shape is not None else s
+    score_bytes = b * h * s * s_kv * 4
     if score_bytes <= MATH_SCORE_LIMIT_BYTES:
         return ""
     return (f"the math backend would materialise {score_bytes / 2**30:.1f} GiB of fp32 scores per call "
             f"(limit {MATH_SCORE_LIMIT_BYTES / 2**30:.0f} GiB)")
 
 
-def reference_functions(q, k, v, causal: bool):
-    """(name, zero-argument callable or None, context manager to time it in, reason when None)."""
+def reference_functions(q, k, v, causal: bool, passes: str = "fwd"):
+    """(name, zero-argument callable or None, context manager to time it in, reason when None) for each
+    reference row. `passes` (fwd, bwd, fwd+bwd) is what a call does: the forward; the backward
+    (torch.autograd.grad of a saved forward's output); or both. SDPA takes grouped-query inputs with
+    enable_gqa and a shorter query block with the bottom-right causal mask (flashcore's convention)."""
     import contextlib
 
-    import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    def sdpa():
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    from flashcore_cli.check.case import sdpa as sdpa_forward
 
-    rows = [(SDPA_DEFAULT, sdpa, contextlib.nullcontext(), "")]
+    def sdpa_rows(label, backend):
+        if passes == "fwd":
+            return lambda: sdpa_forward(q, k, v, causal, None)
+        return _sdpa_training_call(q, k, v, causal, passes, backend)
+
+    rows = [(SDPA_DEFAULT, sdpa_rows(SDPA_DEFAULT, None), contextlib.nullcontext(), "")]
     for label, backend in (
         ("sdpa-flash", SDPBackend.FLASH_ATTENTION),
         ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION),
         ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
         ("sdpa-math", SDPBackend.MATH),
     ):
-        if backend == SDPBackend.MATH and (why := math_skip_reason(tuple(q.shape))):
+        if backend == SDPBackend.MATH and (why := math_skip_reason(tuple(q.shape), tuple(k.shape))):
             rows.append((label, None, None, why))
             continue
-        # the backend is pinned around the whole timing loop, not inside each timed call
-        rows.append((label, sdpa, sdpa_kernel([backend]), ""))
+        # the backend is pinned around the whole timing loop (and the saved forward), not inside each timed call
+        try:
+            with sdpa_kernel([backend]):
+                call = sdpa_rows(label, backend)
+        except Exception as exc:  # this backend cannot run the shape: the row says why
+            rows.append((label, None, None, f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:160]}"))
+            continue
+        rows.append((label, call, sdpa_kernel([backend]), ""))
 
+    if passes != "fwd":
+        rows.append(("triton", None, None, "the Triton reference is forward-only"))
+        return rows
+    if q.shape[1] != k.shape[1] or q.shape[2] != k.shape[2]:
+        rows.append(("triton", None, None, "the Triton reference takes q, k, v of one shape only"))
+        return rows
     try:
         from flashcore_cli.measure import triton_attention
     except ImportError as exc:
@@ -58,3 +77,18 @@ def reference_functions(q, k, v, causal: bool):
     else:
         rows.append(("triton", None, None, triton_attention.unavailable_reason()))
     return rows
+
+
+def _sdpa_training_call(q, k, v, causal: bool, passes: str, backend):
+    """SDPA's backward (bwd: from one saved forward, the graph retained) or forward and backward (fwd+bwd), as
+    a zero-argument call: torch.autograd.grad of the output for a fixed random dO."""
+    import torch
+
+    from flashcore_cli.check.case import sdpa as sdpa_forward
+
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    d_o = torch.randn_like(q)
+    if passes == "bwd":
+        out = sdpa_forward(*leaves, causal, None)
+        return lambda: torch.autograd.grad(out, leaves, d_o, retain_graph=True)
+    return lambda: torch.autograd.grad(sdpa_forward(*leaves, causal, None), leaves, d_o)

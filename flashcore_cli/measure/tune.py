@@ -207,7 +207,7 @@ def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup
     params = parse_params(param_values, variant.tune, variant.name)
     candidates = grid(params, variant.tune.constraints)
     shape = parse_shape(shape_text or MISSION_SHAPE)
-    reason = variant.unsupported_reason(shape.head_dim, causal)
+    reason = variant.unsupported_reason(shape.head_dim, causal, gqa=shape.gqa, seqlen_kv=shape.other_kv_len, seq_len=shape.seq_len)
     if reason:
         raise FlashcoreError(reason)
     if reps < MIN_REPS:

@@ -1,4 +1,12 @@
-"""Shapes (B,H,S,D), the default correctness shape set, and FLOP counts."""
+"""Shapes, the default correctness shape set, and FLOP and byte counts.
+
+A shape is B,H,S,D (batch, heads, sequence length, head dim): q, k, v and o all [B, H, S, D]. Grouped-query
+attention and keys of another length than the queries' are written B,Hq:Hkv,Sq:Sk,D — q and o [B, Hq, Sq, D],
+k and v [B, Hkv, Sk, D], Hq a multiple of Hkv — e.g. 8,32:8,1:8192,128 (decode: one query row of 32 heads against
+8192 cached keys of 8 heads). Under causal masking query i sees keys j <= i + Sk - Sq (bottom-right, as in
+FlashAttention 2.1+ and torch's causal_lower_right); with Sq > Sk the first Sq - Sk rows see no key and their
+output is 0.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +21,38 @@ MISSION_SHAPE = "1,8,512,64"
 @dataclass(frozen=True)
 class Shape:
     batch: int
-    heads: int
-    seq_len: int
+    heads: int  # Hq: query heads
+    seq_len: int  # Sq: query rows
     head_dim: int
+    heads_kv: int = 0  # Hkv (0: as many as the query heads)
+    seq_len_kv: int = 0  # Sk (0: as many as the query rows)
+
+    def __post_init__(self):
+        if not self.heads_kv:
+            object.__setattr__(self, "heads_kv", self.heads)
+        if not self.seq_len_kv:
+            object.__setattr__(self, "seq_len_kv", self.seq_len)
 
     def __str__(self) -> str:
-        return f"{self.batch},{self.heads},{self.seq_len},{self.head_dim}"
+        heads = f"{self.heads}" + (f":{self.heads_kv}" if self.heads_kv != self.heads else "")
+        seq = f"{self.seq_len}" + (f":{self.seq_len_kv}" if self.seq_len_kv != self.seq_len else "")
+        return f"{self.batch},{heads},{seq},{self.head_dim}"
+
+    @property
+    def gqa(self) -> bool:
+        return self.heads_kv != self.heads
+
+    @property
+    def other_kv_len(self) -> bool:
+        return self.seq_len_kv != self.seq_len
+
+    @property
+    def q_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.heads, self.seq_len, self.head_dim)
+
+    @property
+    def kv_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.heads_kv, self.seq_len_kv, self.head_dim)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -42,24 +76,33 @@ class Case:
     seed: int
     inputs: str = "randn"
     dtype: str = "fp16"  # DTYPES
+    grads: bool = False  # check dq, dk, dv too (variants with a backward)
 
     def label(self) -> str:
         inputs = "" if self.inputs == "randn" else " " + self.inputs
-        return f"{self.shape}{' causal' if self.causal else ''}{inputs}{'' if self.dtype == 'fp16' else ' ' + self.dtype}"
+        return (f"{self.shape}{' causal' if self.causal else ''}{inputs}{'' if self.dtype == 'fp16' else ' ' + self.dtype}"
+                f"{' +grads' if self.grads else ''}")  # fmt: skip
 
     def as_dict(self) -> dict:
-        """Defaults left out, so an fp16 randn case reads as it did before cases had kinds and dtypes."""
+        """Defaults left out, so an fp16 randn forward case reads as it did before cases had kinds and dtypes."""
         d = {"shape": str(self.shape), "causal": self.causal, "seed": self.seed}
         if self.inputs != "randn":
             d["inputs"] = self.inputs
         if self.dtype != "fp16":
             d["dtype"] = self.dtype
+        if self.grads:
+            d["grads"] = True
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Case":
         return cls(parse_shape(d["shape"]), bool(d["causal"]), int(d["seed"]), str(d.get("inputs", "randn")),
-                   str(d.get("dtype", "fp16")))  # fmt: skip
+                   str(d.get("dtype", "fp16")), bool(d.get("grads", False)))  # fmt: skip
+
+    def needs(self) -> dict:
+        """What of a variant this case needs beyond head dim, causal and dtype (Variant.unsupported_reason)."""
+        return {"gqa": self.shape.gqa, "seqlen_kv": self.shape.other_kv_len, "backward": self.grads,
+                "seq_len": self.shape.seq_len}  # fmt: skip
 
 
 def parse_dtype(text: str) -> str:
@@ -70,16 +113,28 @@ def parse_dtype(text: str) -> str:
     return value
 
 
+SHAPE_SYNTAX = "B,H,S,D or B,Hq:Hkv,Sq:Sk,D"
+
+
 def parse_shape(text: str) -> Shape:
+    """B,H,S,D, or B,Hq:Hkv,Sq:Sk,D (either pair may be written alone: B,H,Sq:Sk,D or B,Hq:Hkv,S,D)."""
     parts = [p.strip() for p in str(text).split(",")]
-    if len(parts) != 4 or not all(re.fullmatch(r"\d+", p) for p in parts):
-        raise FlashcoreError(f"bad shape '{text}': expected B,H,S,D as four positive integers, e.g. {MISSION_SHAPE}")
-    b, h, s, d = (int(p) for p in parts)
-    if min(b, h, s, d) < 1:
+    pattern = [r"\d+", r"\d+(:\d+)?", r"\d+(:\d+)?", r"\d+"]
+    if len(parts) != 4 or not all(re.fullmatch(pat, p) for pat, p in zip(pattern, parts)):
+        raise FlashcoreError(f"bad shape '{text}': expected {SHAPE_SYNTAX} as positive integers, e.g. {MISSION_SHAPE} "
+                             "or 8,32:8,1:8192,128")  # fmt: skip
+    b, d = int(parts[0]), int(parts[3])
+    h, _, hkv = parts[1].partition(":")
+    s, _, skv = parts[2].partition(":")
+    h, s = int(h), int(s)
+    hkv, skv = int(hkv or h), int(skv or s)
+    if min(b, h, s, d, hkv, skv) < 1:
         raise FlashcoreError(f"bad shape '{text}': every dimension must be at least 1")
-    if b * h * s * d >= 2**31:
+    if h % hkv:
+        raise FlashcoreError(f"bad shape '{text}': the query heads ({h}) must be a multiple of the key/value heads ({hkv})")
+    if max(b * h * s * d, b * hkv * skv * d) >= 2**31:
         raise FlashcoreError(f"bad shape '{text}': more than 2^31 elements per tensor")
-    return Shape(b, h, s, d)
+    return Shape(b, h, s, d, hkv, skv)
 
 
 def parse_shapes(values: list[str] | None) -> list[Shape]:
@@ -115,12 +170,29 @@ EXTREME_SHAPES = [
 ]
 
 
+# Grouped-query heads and queries shorter (or longer) than the keys, (B, Hq, Hkv, Sq, Sk): MHA and GQA and MQA
+# (Hq / Hkv of 1, 4, 8, 32), decode (Sq = 1), speculative decoding (Sq = 3), chunked prefill (Sq < Sk), and
+# Sq > Sk, where the first Sq - Sk rows of a causal case see no key. A variant without the `gqa` or `seqlen_kv`
+# feature SKIPs the cases that need it.
+GQA_SHAPES = [
+    (1, 4, 1, 1, 1),
+    (2, 8, 2, 1, 97),
+    (1, 32, 1, 3, 1025),
+    (1, 8, 1, 17, 4097),
+    (2, 4, 4, 513, 1000),
+    (1, 32, 4, 64, 333),
+    (1, 6, 2, 300, 128),
+]
+
+
 def default_cases(head_dims, base_seed: int, dtype: str = "fp16") -> list[Case]:
     cases = expand_cases([Shape(b, h, s, d) for d in head_dims for (b, h, s) in DEFAULT_SHAPES], base_seed, dtype=dtype)
     for d in head_dims:
         for inputs, (b, h, s) in EXTREME_SHAPES:
             for causal in (False, True):
                 cases.append(Case(Shape(b, h, s, d), causal, base_seed + len(cases), inputs, dtype))
+    cases += expand_cases([Shape(b, h, sq, d, hkv, sk) for d in head_dims for (b, h, hkv, sq, sk) in GQA_SHAPES],
+                          base_seed + len(cases), dtype=dtype)  # fmt: skip
     return cases
 
 
@@ -132,6 +204,50 @@ def expand_cases(shapes: list[Shape], base_seed: int, causal_modes=(False, True)
     return cases
 
 
+def visible_pairs(shape: Shape, causal: bool) -> float:
+    """(query, key) pairs the scores are computed for, per head: Sq * Sk, or under causal masking S^2 / 2 when
+    Sq = Sk (the FlashAttention convention) and the exact count of j <= i + Sk - Sq otherwise."""
+    sq, sk = shape.seq_len, shape.seq_len_kv
+    if not causal:
+        return float(sq * sk)
+    if sq == sk:
+        return sq * sq / 2
+    offset = sk - sq
+    # rows i = 0 .. Sq - 1 see min(Sk, max(0, i + offset + 1)) keys
+    first_full = max(0, min(sq, sk - offset))  # rows before this see fewer than Sk keys
+    first_any = max(0, min(sq, -offset))  # rows before this see none
+    partial = sum(range(first_any + offset + 1, first_full + offset + 1)) if first_full > first_any else 0
+    return float(partial + (sq - first_full) * sk)
+
+
 def attention_flops(shape: Shape, causal: bool) -> float:
-    flops = 4.0 * shape.batch * shape.heads * shape.seq_len**2 * shape.head_dim
-    return flops / 2 if causal else flops
+    """4 B Hq D x the visible (query, key) pairs: two matmuls of 2 flops per multiply-add (the forward)."""
+    return 4.0 * shape.batch * shape.heads * shape.head_dim * visible_pairs(shape, causal)
+
+
+# What a timed call does (bench --pass): the forward, the backward (from a saved forward), or both. FLOPs of a
+# backward are 2.5 x the forward's (FlashAttention's convention: five matmuls against two, one of them the
+# recomputed S).
+PASSES = ("fwd", "bwd", "fwd+bwd")
+PASS_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
+
+
+def parse_pass(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in PASSES:
+        raise FlashcoreError(f"bad --pass '{text}': expected one of {', '.join(PASSES)}")
+    return value
+
+
+def pass_flops(shape: Shape, causal: bool, passes: str = "fwd") -> float:
+    return attention_flops(shape, causal) * PASS_FLOP_FACTOR[passes]
+
+
+def pass_bytes(shape: Shape, passes: str = "fwd") -> float:
+    """The bytes a pass must move at the least (16-bit elements): the forward reads Q, K, V and writes O; the
+    backward reads Q, K, V, O, dO and writes dQ, dK, dV; both, the sum."""
+    q = shape.batch * shape.heads * shape.seq_len * shape.head_dim
+    kv = shape.batch * shape.heads_kv * shape.seq_len_kv * shape.head_dim
+    forward = 2 * q + 2 * kv
+    backward = 4 * q + 4 * kv
+    return 2.0 * {"fwd": forward, "bwd": backward, "fwd+bwd": forward + backward}[passes]
