@@ -408,7 +408,7 @@ __device__ __forceinline__ float merge_parts(int n, Stat stat, Row row, int c, f
 // rows m0.. of o ([S, D]); rows at or past seq_len are not written.
 template <class Cfg, class T = __half>
 __device__ __forceinline__ void merge_split_rows(const float2* stats, const float* o_part, __half* o, int m0,
-                                                 int seq_len, int tid, float* lse) {
+                                                 int seq_len, int tid) {
   constexpr int kBlockChunks = Cfg::kBlockM * Cfg::kChunks;
   for (int i = tid; i < kBlockChunks; i += Cfg::kThreads) {
     const int r = i / Cfg::kChunks;
@@ -416,17 +416,34 @@ __device__ __forceinline__ void merge_split_rows(const float2* stats, const floa
     if (m0 + r >= seq_len) continue;
     float l_all;
     float acc[8];
-    const float m_all = merge_parts<Cfg::kSplit>(
+    merge_parts<Cfg::kSplit>(
         Cfg::kSplit, [&](int sg) { return stats[sg * Cfg::kBlockM + r]; },
         [&](int sg) { return o_part + (sg * Cfg::kBlockM + r) * Cfg::kOStride; }, c, l_all, acc);
     const float inv_l = l_all > 0.f ? 1.f / l_all : 0.f;
-    if (lse != nullptr && c == 0) lse[m0 + r] = row_lse(m_all, l_all);
     uint4 out;
     out.x = Element<T>::pack(acc[0] * inv_l, acc[1] * inv_l);
     out.y = Element<T>::pack(acc[2] * inv_l, acc[3] * inv_l);
     out.z = Element<T>::pack(acc[4] * inv_l, acc[5] * inv_l);
     out.w = Element<T>::pack(acc[6] * inv_l, acc[7] * inv_l);
     *reinterpret_cast<uint4*>(o + static_cast<size_t>(m0 + r) * Cfg::kHeadDim + c * 8) = out;
+  }
+}
+
+// The split CTA's LSE ([S] of this head, rows m0..): each row's groups merged as in merge_split_rows, stats only.
+template <class Cfg>
+__device__ __forceinline__ void merge_split_lse(const float2* stats, float* lse, int m0, int seq_len, int tid) {
+  for (int r = tid; r < Cfg::kBlockM && m0 + r < seq_len; r += Cfg::kThreads) {
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int sg = 0; sg < Cfg::kSplit; ++sg) m_all = fmaxf(m_all, stats[sg * Cfg::kBlockM + r].x);
+    const float m_ref = m_all == -INFINITY ? 0.f : m_all;
+    float l_all = 0.f;
+#pragma unroll
+    for (int sg = 0; sg < Cfg::kSplit; ++sg) {
+      const float2 st = stats[sg * Cfg::kBlockM + r];
+      l_all += exp2f(st.x - m_ref) * st.y;
+    }
+    lse[m0 + r] = row_lse(m_all, l_all);
   }
 }
 

@@ -231,8 +231,9 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   const int m_block = p.causal ? tiles - 1 - tile_index : tile_index;
   const int m0 = m_block * kBlockM;
   const int bh = tile_fastest ? blockIdx.y : blockIdx.x;  // b * H + h
-  // b * H_kv + h / (H / H_kv): the key/value head this query head reads (the tensor maps' third coordinate)
-  const int head = (bh / p.heads) * p.heads_kv + (bh % p.heads) / (p.heads / p.heads_kv);
+  // b * H_kv + h / (H / H_kv): the key/value head this query head reads (the tensor maps' third coordinate); the
+  // divisions only where the heads are grouped (they cost a short run ~0.1 us at the start of every CTA)
+  const int head = p.heads_kv == p.heads ? bh : (bh / p.heads) * p.heads_kv + (bh % p.heads) / (p.heads / p.heads_kv);
   const size_t base = static_cast<size_t>(bh) * seq_len * kHeadDim;
   const size_t kv_base = static_cast<size_t>(head) * seq_len_kv * kHeadDim;
   const __half* __restrict__ q = p.q + base;     // [S, D] of this (b, h)
@@ -447,8 +448,8 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     float* o_part = reinterpret_cast<float*>(smem + Cfg::kStatsBytes);    // [kSplit][kBlockM][kOStride]
     fc::store_partials<Cfg>(stats, o_part, o_acc, m_i, l_i, group, row_warp, scale_log2, lane);
     __syncthreads();
-    fc::merge_split_rows<Cfg, T>(stats, o_part, o, m0, seq_len, tid,
-                                 p.lse == nullptr ? nullptr : p.lse + static_cast<size_t>(bh) * seq_len);
+    fc::merge_split_rows<Cfg, T>(stats, o_part, o, m0, seq_len, tid);
+    if (p.lse != nullptr) fc::merge_split_lse<Cfg>(stats, p.lse + static_cast<size_t>(bh) * seq_len, m0, seq_len, tid);
   }
 }
 

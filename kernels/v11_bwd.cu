@@ -51,10 +51,12 @@ struct V11BwdConfig {
   static constexpr int kChunks = kHeadDim / 8;
   static constexpr int kRowBytes = kHeadDim * 2;
   static constexpr bool kQInRegs = kKvInRegs;
-  // dQ_i (kBlockM x D) is shared by the warps: kDqMTiles query tiles of 16 rows times D split kDqSplit ways.
+  // dQ_i (kBlockM x D) is shared by the warps: kDqMTiles query tiles of 16 rows times D split kDqSplit ways
+  // make kDqUnits pieces of 16 rows x kDqTiles n8 tiles; warp w takes pieces w, w + kWarps, ...
   static constexpr int kDqMTiles = kBlockM / 16;
-  static constexpr int kDqSplit = kWarps / kDqMTiles;
+  static constexpr int kDqSplit = kWarps > kDqMTiles ? kWarps / kDqMTiles : 1;
   static constexpr int kDqTiles = kDTiles / kDqSplit;
+  static constexpr int kDqUnits = kDqMTiles * kDqSplit;
   static constexpr int kDsRowBytes = kBlockM * 2;
   // Shared memory: K_j | V_j | (Q_i, dO_i) x 2 stages | dS^T | (LSE_i log2 e, D_i) x 2 stages.
   static constexpr int kKvBytes = kBlockN * kRowBytes;
@@ -69,13 +71,33 @@ struct V11BwdConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
   static_assert(kBlockN % 16 == 0 && kBlockM % 16 == 0 && kBlockM <= kPadRows && kPadRows % kBlockM == 0,
                 "BLOCK_N, BLOCK_M: multiples of 16; BLOCK_M divides the padding");
-  static_assert(kWarps % kDqMTiles == 0 && kDTiles % kDqSplit == 0 && kDqTiles % 2 == 0, "dQ split over the warps");
+  static_assert(kDqUnits % kWarps == 0 && kDTiles % kDqSplit == 0 && kDqTiles % 2 == 0, "dQ split over the warps");
   static_assert(kThreads % kChunks == 0 && (kThreads / kChunks) % 8 == 0, "copies cover whole swizzle periods");
   static_assert(kSmemBytes <= kBwdMaxSmemBytes, "shared memory: at most 99 KB per block (the L4's limit)");
 };
 
-using BwdD64 = V11BwdConfig<64, 128, 64, true>;
-using BwdD128 = V11BwdConfig<128, 64, 32, false>;
+// The tune space (variants.yaml `tune: params:`).
+#ifndef V11_BWD_D64_BLOCK_N
+#define V11_BWD_D64_BLOCK_N 128
+#endif
+#ifndef V11_BWD_D64_BLOCK_M
+#define V11_BWD_D64_BLOCK_M 64
+#endif
+#ifndef V11_BWD_D64_KV_IN_REGS
+#define V11_BWD_D64_KV_IN_REGS 1
+#endif
+#ifndef V11_BWD_D128_BLOCK_N
+#define V11_BWD_D128_BLOCK_N 64
+#endif
+#ifndef V11_BWD_D128_BLOCK_M
+#define V11_BWD_D128_BLOCK_M 32
+#endif
+
+using BwdD64 = V11BwdConfig<64, V11_BWD_D64_BLOCK_N, V11_BWD_D64_BLOCK_M, V11_BWD_D64_KV_IN_REGS != 0>;
+using BwdD128 = V11BwdConfig<128, V11_BWD_D128_BLOCK_N, V11_BWD_D128_BLOCK_M, false>;
+// Short sequences: when the long grid (key blocks x batch x K/V heads) would not fill the SMs once, 32-key CTAs
+// (two warps) make four times as many CTAs (1,8,512,64: 128 instead of 32).
+using BwdShortD64 = V11BwdConfig<64, 32, 64, true>;
 
 // Workspace: the fp32 dQ accumulator [B, H, S, D], then LSE * log2 e and D, each [B, H, S_pad] fp32.
 struct Workspace {
@@ -196,7 +218,6 @@ __global__ void __launch_bounds__(Cfg::kThreads) v11_bwd(FlashcoreBackwardParams
   fc::QFragments<Cfg> k_frag, v_frag;  // the warp's K and V rows as A fragments (kKvInRegs)
 
   float dk[Cfg::kDTiles][4] = {}, dv[Cfg::kDTiles][4] = {};
-  const int dq_mtile = warp % Cfg::kDqMTiles, dq_tile0 = (warp / Cfg::kDqMTiles) * Cfg::kDqTiles;
 
   for (int step = 0; step < steps; ++step) {
     const int s = step & 1;
@@ -228,10 +249,14 @@ __global__ void __launch_bounds__(Cfg::kThreads) v11_bwd(FlashcoreBackwardParams
     fc::store_ds_t<Cfg, T>(ds_s, dpt, warp * 16, lane);
     __syncthreads();
     // dQ_i += dS K_j, this warp's share, into the accumulator
-    float dq[Cfg::kDqTiles][4];
-    fc::dq_partial<Cfg, T>(dq, ds_s, fc::smem_addr(k_s), dq_mtile, dq_tile0, lane);
-    fc::red_add_dq<Cfg>(w.dq_accum + static_cast<size_t>(bh) * seq_len * kHeadDim, dq, m0 + 16 * dq_mtile, dq_tile0,
-                        seq_len, lane);
+#pragma unroll
+    for (int unit = warp; unit < Cfg::kDqUnits; unit += Cfg::kWarps) {
+      const int mtile = unit % Cfg::kDqMTiles, tile0 = (unit / Cfg::kDqMTiles) * Cfg::kDqTiles;
+      float dq[Cfg::kDqTiles][4];
+      fc::dq_partial<Cfg, T>(dq, ds_s, fc::smem_addr(k_s), mtile, tile0, lane);
+      fc::red_add_dq<Cfg>(w.dq_accum + static_cast<size_t>(bh) * seq_len * kHeadDim, dq, m0 + 16 * mtile, tile0,
+                          seq_len, lane);
+    }
   }
   fc::cp_async_wait<0>();
 
@@ -286,10 +311,17 @@ const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   return fc::launch_status();
 }
 
+// The long configuration unless its grid would leave SMs idle (one short wave), as in the forward.
+template <class Long>
+bool short_grid(const FlashcoreParams& p) {
+  return static_cast<long long>(fc::ceil_div(p.seq_len_kv, Long::kBlockN)) * p.batch * p.heads_kv < fc::sm_count();
+}
+
 template <class T>
 const char* backward_dtype(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   switch (b.fwd.head_dim) {
-    case 64: return backward<BwdD64, T>(b, stream);
+    case 64:
+      return short_grid<BwdD64>(b.fwd) ? backward<BwdShortD64, T>(b, stream) : backward<BwdD64, T>(b, stream);
     case 128: return backward<BwdD128, T>(b, stream);
     default: return fc::unsupported_head_dim(b.fwd.head_dim);
   }
@@ -309,21 +341,23 @@ FlashcoreKernelPlan main_plan() {
   return {text, Cfg::kThreads, Cfg::kSmemBytes};
 }
 
-template <class Cfg, class T>
+// One dtype's kernels at a head dim: the prep pass, each main configuration, the dq pass.
+template <int kHeadDim, class T, class... Cfgs>
 int plan_dtype(FlashcoreKernelPlan* plans) {
   static char prep[64], dq[64];
-  snprintf(prep, sizeof(prep), "v11_bwd_prep<%d, %s>", Cfg::kHeadDim, type_name<T>());
+  snprintf(prep, sizeof(prep), "v11_bwd_prep<%d, %s>", kHeadDim, type_name<T>());
   snprintf(dq, sizeof(dq), "v11_bwd_dq<%s>", type_name<T>());
-  plans[0] = {prep, 256, 0};
-  plans[1] = main_plan<Cfg, T>();
-  plans[2] = {dq, 256, 0};
-  return 3;
+  int n = 0;
+  plans[n++] = {prep, 256, 0};
+  ((plans[n++] = main_plan<Cfgs, T>()), ...);
+  plans[n++] = {dq, 256, 0};
+  return n;
 }
 
-template <class Cfg>
+template <int kHeadDim, class... Cfgs>
 int plan_both(FlashcoreKernelPlan* plans) {
-  const int n = plan_dtype<Cfg, __half>(plans);
-  return n + plan_dtype<Cfg, __nv_bfloat16>(plans + n);
+  const int n = plan_dtype<kHeadDim, __half, Cfgs...>(plans);
+  return n + plan_dtype<kHeadDim, __nv_bfloat16, Cfgs...>(plans + n);
 }
 
 }  // namespace
@@ -341,8 +375,8 @@ const char* flashcore_backward(const FlashcoreBackwardParams& b, cudaStream_t st
 // The backward's kernels at a head dim, fp16 then bf16 (v11.cu's flashcore_plan lists them after the forward's).
 int v11_backward_plan(int head_dim, FlashcoreKernelPlan* plans) {
   switch (head_dim) {
-    case 64: return plan_both<BwdD64>(plans);
-    case 128: return plan_both<BwdD128>(plans);
+    case 64: return plan_both<64, BwdD64, BwdShortD64>(plans);
+    case 128: return plan_both<128, BwdD128>(plans);
     default: return 0;
   }
 }
