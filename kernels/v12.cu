@@ -16,6 +16,8 @@
 // fp16 P as the numerator: one-hot and uniform rows are exact (q = k = v = randn * 30: error 0) with no FADDs.
 // Causal: tiles past an item's last row are never loaded; only tiles crossing the diagonal (or S_kv) are masked,
 // in a second copy of the softmax. The item list goes longest first and is dealt in snake order (item_at).
+// Grouped-query heads, S_kv != S (causal bottom-right) and the row log-sum-exp: the producer loads K/V head
+// bh / (H / H_kv), key tiles run over S_kv, LSE = (m + log2 l) ln 2 from the ones columns (timing: to be measured).
 //
 // Configuration: 128 keys per K/V tile. D=128: 2 consumers (225 KB of shared memory). D=64: 2 or 3 consumers,
 // and with 3 the list may end each head with 128-row items run by two: plan_d64 replays the rounds for each
@@ -460,7 +462,7 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>
 
     fc::mbarrier_wait_parity(&bars.q_full, q_lap);
     if (num_n == 0) {
-      release(&bars.q_empty);  // no row sees a key: O = 0 (l = 0), straight to the epilogue
+      release(&bars.q_empty);  // no row sees a key: O = 0 and l = 0 (LSE +inf), straight to the epilogue
     } else {
       // Tile 0: S = Q_i K_0^T, then its softmax.
       fc::mbarrier_wait_parity(&bars.k_full[slot(0)], lap(0));
@@ -521,6 +523,7 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>
     // ---- epilogue: O / l rounded to T into this warpgroup's rows of O's staging tile (Q_i's swizzled layout),
     // then one TMA store per 64-column panel, which clips rows past S. O has a tile of its own, so the next
     // item's Q_i lands meanwhile; the first barrier waits for this warpgroup's previous store to have read it ----
+    const int bh = item_at<kBlockM>(p, items, index).bh;  // recomputed: one register fewer through the loop
     const int epilogue_barrier = kSchedBarrier + kConsumers + g;
     unsigned char* rows_base = smem() + Cfg::kOOffset + 64 * g * 128;
     fc::named_barrier_sync(epilogue_barrier, fc::kWarpgroupThreads);
@@ -537,10 +540,20 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>
         *reinterpret_cast<uint32_t*>(dst) = pack2<T>(o[4 * j + 2 * h] * inv_l, o[4 * j + 2 * h + 1] * inv_l);
       }
     }
+    if (p.lse != nullptr && tid % 4 == 0) {
+      // LSE = log(sum_j exp(S_ij * scale)) = (m + log2 l) ln 2, m being in units of S * scale * log2(e); +inf for
+      // a row that sees no key (l = 0). One lane of the quad that shares a row writes it; rows past S are not.
+      float* lse = p.lse + static_cast<size_t>(bh) * p.seq_len;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = first_row + r_local + 8 * h;
+        const float l = o[4 * (kHeadDim / 8) + 2 * h];
+        if (row < p.seq_len) lse[row] = l > 0.f ? (st.m[h] + __log2f(l)) * 0.6931471805599453f : INFINITY;
+      }
+    }
     fc::fence_proxy_async_shared();  // the generic-proxy writes above, before the TMA's reads
     fc::named_barrier_sync(epilogue_barrier, fc::kWarpgroupThreads);
     if (tid == 0) {
-      const int bh = item_at<kBlockM>(p, items, index).bh;  // recomputed: one register fewer through the loop
 #pragma unroll
       for (int panel = 0; panel < Cfg::kPanels; ++panel) {
         fc::tma_store_4d(&maps.o, 0, first_row, panel, bh, rows_base + panel * kBlockM * 128);
@@ -644,6 +657,8 @@ static Plan plan_for(const FlashcoreParams& p) {
 }
 
 int flashcore_dtypes() { return (1 << kFlashcoreFloat16) | (1 << kFlashcoreBFloat16); }
+
+int flashcore_features() { return kFlashcoreGqa | kFlashcoreSeqLenKv | kFlashcoreLse; }
 
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
   if (head_dim == 64 && max_plans >= 6) {
