@@ -543,6 +543,8 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>
     if (p.lse != nullptr && tid % 4 == 0) {
       // LSE = log(sum_j exp(S_ij * scale)) = (m + log2 l) ln 2, m being in units of S * scale * log2(e); +inf for
       // a row that sees no key (l = 0). One lane of the quad that shares a row writes it; rows past S are not.
+      // l sums P rounded to T, as O's normalization does, so LSE carries that rounding: at worst T's unit roundoff
+      // in l (2^-11 fp16, 2^-8 bf16: 5e-4 and 4e-3 in LSE, rounding all one way), not fp32 row sums' 1e-7.
       float* lse = p.lse + static_cast<size_t>(bh) * p.seq_len;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
