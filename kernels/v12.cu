@@ -14,8 +14,10 @@
 // instead of cp.async, producer/consumer roles (the seeds' v9 and v10 ideas) on the hardware made for them.
 // l rides in P V: a panel of fp16 ones follows each V slot and P V reads it as 8 more columns, so l sums the same
 // fp16 P as the numerator: one-hot and uniform rows are exact (q = k = v = randn * 30: error 0) with no FADDs.
-// Causal: tiles past an item's last row are never loaded; only tiles crossing the diagonal (or S) are masked, in
-// a second copy of the softmax. The item list goes longest first and is dealt in snake order (item_at).
+// Causal: tiles past an item's last row are never loaded; only tiles crossing the diagonal (or S_kv) are masked,
+// in a second copy of the softmax. The item list goes longest first and is dealt in snake order (item_at).
+// Grouped-query heads, S_kv != S (causal bottom-right) and the row log-sum-exp: the producer loads K/V head
+// bh / (H / H_kv), key tiles run over S_kv, LSE = (m + log2 l) ln 2 from the ones columns (timing: to be measured).
 //
 // Configuration: 128 keys per K/V tile. D=128: 2 consumers (225 KB of shared memory). D=64: 2 or 3 consumers,
 // and with 3 the list may end each head with 128-row items run by two: plan_d64 replays the rounds for each
@@ -156,11 +158,27 @@ __host__ __device__ __forceinline__ Item item_at(const FlashcoreParams& p, Items
   return it;
 }
 
-// K/V tiles an item reads: all of them, or (causal) those left of its last row's diagonal.
+// K/V tiles an item reads: every tile of S_kv keys, or (causal) those left of its last row's diagonal, which
+// the offset S_kv - S shifts; none when S > S_kv and its rows all lie above the first key's diagonal.
 template <int kBlockN>
 __host__ __device__ __forceinline__ int item_tiles(const FlashcoreParams& p, const Item& it) {
-  const int all = fc::ceil_div(p.seq_len, kBlockN);
-  return p.causal ? min(all, fc::ceil_div(it.m0 + 64 * it.consumers, kBlockN)) : all;
+  const int keys = p.causal ? min(p.seq_len_kv, it.m0 + 64 * it.consumers + fc::causal_offset(p)) : p.seq_len_kv;
+  return fc::ceil_div(max(keys, 0), kBlockN);
+}
+
+// Whether K/V tile n needs the mask for a warpgroup whose first row sees keys up to first_diag (its row +
+// S_kv - S): the tile reaches past S_kv or (causal) right of that diagonal. Every other tile is visible whole
+// to each of the warpgroup's rows.
+template <int kBlockN>
+__host__ __device__ __forceinline__ bool tile_needs_mask(const FlashcoreParams& p, int n, int first_diag) {
+  const int last_col = (n + 1) * kBlockN - 1;
+  return last_col >= p.seq_len_kv || (p.causal && last_col > first_diag);
+}
+
+// The K/V head of query head bh = b * H + h (grouped-query: H / H_kv query heads share one): b * H_kv + h / (H /
+// H_kv), which is bh / (H / H_kv) since H_kv divides H.
+__host__ __device__ __forceinline__ int kv_head(const FlashcoreParams& p, int bh) {
+  return bh / (p.heads / p.heads_kv);
 }
 
 // Row state of one thread: it owns rows r and r + 8 of its warp's 16 (see hopper.cuh's fragment layout).
@@ -170,17 +188,18 @@ struct RowState {
 
 // P = exp2(S * c - m) for one score tile in place, with the mask applied first where the tile needs it;
 // returns each row's rescale factor exp2(m_old - m_new) and updates m. Needs c > 0 (max commutes).
+// diag0: the last key this thread's first row sees under causal (its row + S_kv - S; its second row's is + 8).
 template <int kBlockN, bool kMask>
 __device__ __forceinline__ void online_softmax(float (&s)[kBlockN / 2], RowState& st, float (&alpha)[2], float c,
-                                               int row0, int col0, int seq_len, bool causal) {
-  if (kMask) {  // -inf outside the sequence and (causal) right of the diagonal
+                                               int diag0, int col0, int seq_len_kv, bool causal) {
+  if (kMask) {  // -inf past the keys and (causal) right of the diagonal
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = col0 + 8 * j + 2 * (threadIdx.x % 4) + (e & 1);
-        const int row = row0 + (e >> 1) * 8;
-        if (col >= seq_len || (causal && col > row)) s[4 * j + e] = -INFINITY;
+        const int diag = diag0 + (e >> 1) * 8;
+        if (col >= seq_len_kv || (causal && col > diag)) s[4 * j + e] = -INFINITY;
       }
     }
   }
@@ -191,7 +210,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[kBlockN / 2], RowState
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
     mx = fmaxf(st.m[h], fc::group_max<4>(mx) * c);
-    // A row with nothing visible yet keeps m = -inf; subtract 0 then so that exp2 gives 0, not NaN.
+    // A row with nothing visible yet keeps m = -inf; subtract 0 then so that exp2 gives 0, not NaN. Causal keys
+    // are a prefix, so a row with none in tile 0 (S > S_kv) never gets one: it ends with O = 0 and l = 0.
     const float m_use = mx == -INFINITY ? 0.f : mx;
     alpha[h] = exp2f(st.m[h] - m_use);
     st.m[h] = mx;
@@ -327,6 +347,7 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>
       for (int round = 0, index = blockIdx.x; index < num_items(); index = snake_index(++round, blockIdx.x, gridDim.x)) {
         const Item it = item_at<kBlockM>(p, items, index);
         const int num_n = item_tiles<kBlockN>(p, it);
+        const int kv_bh = kv_head(p, it.bh);  // K and V are [B * H_kv][S_kv][D]
         fc::mbarrier_wait_parity(&bars.q_empty, (round & 1) ^ 1);
         fc::mbarrier_arrive_expect_bytes(&bars.q_full, Cfg::kQBytes);
         fc::tma_load_4d(q_tile, &maps.q, 0, it.m0, 0, it.bh, &bars.q_full);
@@ -335,10 +356,10 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>
           const uint32_t lap = (t / kStages) & 1;
           fc::mbarrier_wait_parity(&bars.k_empty[s], lap ^ 1);
           fc::mbarrier_arrive_expect_bytes(&bars.k_full[s], Cfg::kKVBytes);
-          fc::tma_load_4d(k_tiles + s * (Cfg::kKVBytes / 2), &maps.k, 0, n * kBlockN, 0, it.bh, &bars.k_full[s]);
+          fc::tma_load_4d(k_tiles + s * (Cfg::kKVBytes / 2), &maps.k, 0, n * kBlockN, 0, kv_bh, &bars.k_full[s]);
           fc::mbarrier_wait_parity(&bars.v_empty[s], lap ^ 1);
           fc::mbarrier_arrive_expect_bytes(&bars.v_full[s], Cfg::kKVBytes);
-          fc::tma_load_4d(v_tiles + s * (Cfg::kVSlotBytes / 2), &maps.v, 0, n * kBlockN, 0, it.bh, &bars.v_full[s]);
+          fc::tma_load_4d(v_tiles + s * (Cfg::kVSlotBytes / 2), &maps.v, 0, n * kBlockN, 0, kv_bh, &bars.v_full[s]);
         }
       }
     }
@@ -389,7 +410,9 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>
     auto pass_turn = [&] {
       if constexpr (kConsumers > 1) fc::named_barrier_arrive(next_turn, 2 * fc::kWarpgroupThreads);
     };
-    if (g == kConsumers - 1) pass_turn();
+    // An item with no K/V tiles (causal, S > S_kv: its rows see no key) has no turns either: every consumer
+    // skips them alike, so the counts stay matched; each still takes Q_i's lap, and those with rows write them.
+    if (g == kConsumers - 1 && num_n > 0) pass_turn();
     if (g >= it.consumers) {
       // No rows in this item: relay the turns, and release each slot as it fills, so every barrier's count
       // stays 4 per consumer. Waiting for each fill keeps this warpgroup within one lap of the producer.
@@ -405,15 +428,20 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>
           release(&bars.v_empty[slot(n - 1)]);
         }
       }
-      fc::mbarrier_wait_parity(&bars.v_full[slot(num_n - 1)], lap(num_n - 1));
-      take_turn();
-      if (g + 1 < kConsumers) pass_turn();
-      release(&bars.v_empty[slot(num_n - 1)]);
+      if (num_n > 0) {
+        fc::mbarrier_wait_parity(&bars.v_full[slot(num_n - 1)], lap(num_n - 1));
+        take_turn();
+        if (g + 1 < kConsumers) pass_turn();
+        release(&bars.v_empty[slot(num_n - 1)]);
+      }
       t += num_n;
       continue;
     }
     const int first_row = it.m0 + 64 * g;  // this warpgroup's first query row
-    const int row0 = first_row + r_local;
+    // Causal, bottom-right: row i sees keys j <= i + S_kv - S. The last key this warpgroup's first row sees, and
+    // this thread's first row.
+    const int first_diag = first_row + fc::causal_offset(p);
+    const int diag0 = first_diag + r_local;
 
     float o[Cfg::kOCols / 2];  // O_i's fragment, then the l columns
 #pragma unroll
@@ -422,80 +450,80 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>
     uint32_t pa[kBlockN / 16][4];
     RowState st = {{-INFINITY, -INFINITY}};
     float alpha[2];
-    // A tile needs the mask when it reaches past S or (causal) right of this warpgroup's first row.
-    auto needs_mask = [&](int n) {
-      const int last_col = (n + 1) * kBlockN - 1;
-      return last_col >= p.seq_len || (p.causal && last_col > first_row);
-    };
     // Two copies of the softmax, so that the tiles that need no mask (all but the last one or two) run
     // none of its index arithmetic: predicated off, it still took issue slots (ncu: ALU the busiest pipe).
     auto softmax = [&](int n) {
-      if (needs_mask(n)) {
-        online_softmax<kBlockN, true>(s, st, alpha, c, row0, n * kBlockN, p.seq_len, p.causal);
+      if (tile_needs_mask<kBlockN>(p, n, first_diag)) {
+        online_softmax<kBlockN, true>(s, st, alpha, c, diag0, n * kBlockN, p.seq_len_kv, p.causal);
       } else {
-        online_softmax<kBlockN, false>(s, st, alpha, c, row0, n * kBlockN, p.seq_len, p.causal);
+        online_softmax<kBlockN, false>(s, st, alpha, c, diag0, n * kBlockN, p.seq_len_kv, p.causal);
       }
     };
 
     fc::mbarrier_wait_parity(&bars.q_full, q_lap);
-    // Tile 0: S = Q_i K_0^T, then its softmax.
-    fc::mbarrier_wait_parity(&bars.k_full[slot(0)], lap(0));
-    take_turn();
-    gemm_qk<T, kHeadDim, kBlockN, kBlockM>(s, desc_q, desc_k0 + slot(0) * kKSlotStep);
-    fc::wgmma_fence_operands(s);
-    pass_turn();
-    fc::wgmma_wait<0>();
-    fc::wgmma_fence_operands(s);
-    release(&bars.k_empty[slot(0)]);
-    softmax(0);
-    pack_p<T, kBlockN>(s, pa);
-
-    for (int n = 1; n < num_n; ++n) {
-      const int sk = slot(n), sv = slot(n - 1);
-      // Issue S_next = Q_i K_n^T, then O += P V_{n-1}; the softmax of S_next overlaps P V_{n-1}.
-      fc::mbarrier_wait_parity(&bars.k_full[sk], lap(n));
+    if (num_n == 0) {
+      release(&bars.q_empty);  // no row sees a key: O = 0 and l = 0 (LSE +inf), straight to the epilogue
+    } else {
+      // Tile 0: S = Q_i K_0^T, then its softmax.
+      fc::mbarrier_wait_parity(&bars.k_full[slot(0)], lap(0));
       take_turn();
-      gemm_qk<T, kHeadDim, kBlockN, kBlockM>(s, desc_q, desc_k0 + sk * kKSlotStep);
+      gemm_qk<T, kHeadDim, kBlockN, kBlockM>(s, desc_q, desc_k0 + slot(0) * kKSlotStep);
       fc::wgmma_fence_operands(s);
-      fc::mbarrier_wait_parity(&bars.v_full[sv], lap(n - 1));
+      pass_turn();
+      fc::wgmma_wait<0>();
+      fc::wgmma_fence_operands(s);
+      release(&bars.k_empty[slot(0)]);
+      softmax(0);
+      pack_p<T, kBlockN>(s, pa);
+
+      for (int n = 1; n < num_n; ++n) {
+        const int sk = slot(n), sv = slot(n - 1);
+        // Issue S_next = Q_i K_n^T, then O += P V_{n-1}; the softmax of S_next overlaps P V_{n-1}.
+        fc::mbarrier_wait_parity(&bars.k_full[sk], lap(n));
+        take_turn();
+        gemm_qk<T, kHeadDim, kBlockN, kBlockM>(s, desc_q, desc_k0 + sk * kKSlotStep);
+        fc::wgmma_fence_operands(s);
+        fc::mbarrier_wait_parity(&bars.v_full[sv], lap(n - 1));
+        gemm_pv<T, Cfg::kOCols, kBlockN>(o, pa, desc_v0 + sv * kVSlotStep);
+        fc::wgmma_fence_operands(o);
+        pass_turn();
+        fc::wgmma_wait<1>();  // S_next has landed; P V may still run
+        fc::wgmma_fence_operands(s);
+        release(&bars.k_empty[sk]);
+        softmax(n);
+        fc::wgmma_wait<0>();  // P V_{n-1} done: P and V_{n-1}'s slot are free
+        fc::wgmma_fence_operands(o);
+        fc::wgmma_fence_operands(pa);  // the wgmma read pa until here: keep its registers from being reused
+        release(&bars.v_empty[sv]);
+        // O = diag(alpha) O (l included)
+#pragma unroll
+        for (int j = 0; j < Cfg::kOCols / 8; ++j) {
+          o[4 * j] *= alpha[0];
+          o[4 * j + 1] *= alpha[0];
+          o[4 * j + 2] *= alpha[1];
+          o[4 * j + 3] *= alpha[1];
+        }
+        pack_p<T, kBlockN>(s, pa);
+      }
+      release(&bars.q_empty);  // every S of this item has landed: the producer may load the next Q_i
+      // The last tile's O += P V.
+      const int sv = slot(num_n - 1);
+      fc::mbarrier_wait_parity(&bars.v_full[sv], lap(num_n - 1));
+      take_turn();
       gemm_pv<T, Cfg::kOCols, kBlockN>(o, pa, desc_v0 + sv * kVSlotStep);
       fc::wgmma_fence_operands(o);
-      pass_turn();
-      fc::wgmma_wait<1>();  // S_next has landed; P V may still run
-      fc::wgmma_fence_operands(s);
-      release(&bars.k_empty[sk]);
-      softmax(n);
-      fc::wgmma_wait<0>();  // P V_{n-1} done: P and V_{n-1}'s slot are free
+      if (g + 1 < kConsumers) pass_turn();  // the last turn passes none on
+      fc::wgmma_wait<0>();
       fc::wgmma_fence_operands(o);
-      fc::wgmma_fence_operands(pa);  // the wgmma read pa until here: keep its registers from being reused
+      fc::wgmma_fence_operands(pa);
       release(&bars.v_empty[sv]);
-      // O = diag(alpha) O (l included)
-#pragma unroll
-      for (int j = 0; j < Cfg::kOCols / 8; ++j) {
-        o[4 * j] *= alpha[0];
-        o[4 * j + 1] *= alpha[0];
-        o[4 * j + 2] *= alpha[1];
-        o[4 * j + 3] *= alpha[1];
-      }
-      pack_p<T, kBlockN>(s, pa);
     }
-    release(&bars.q_empty);  // every S of this item has landed: the producer may load the next Q_i
-    // The last tile's O += P V.
-    const int sv = slot(num_n - 1);
-    fc::mbarrier_wait_parity(&bars.v_full[sv], lap(num_n - 1));
-    take_turn();
-    gemm_pv<T, Cfg::kOCols, kBlockN>(o, pa, desc_v0 + sv * kVSlotStep);
-    fc::wgmma_fence_operands(o);
-    if (g + 1 < kConsumers) pass_turn();  // the last turn passes none on
-    fc::wgmma_wait<0>();
-    fc::wgmma_fence_operands(o);
-    fc::wgmma_fence_operands(pa);
-    release(&bars.v_empty[sv]);
     t += num_n;
 
     // ---- epilogue: O / l rounded to T into this warpgroup's rows of O's staging tile (Q_i's swizzled layout),
     // then one TMA store per 64-column panel, which clips rows past S. O has a tile of its own, so the next
     // item's Q_i lands meanwhile; the first barrier waits for this warpgroup's previous store to have read it ----
+    const int bh = item_at<kBlockM>(p, items, index).bh;  // recomputed: one register fewer through the loop
     const int epilogue_barrier = kSchedBarrier + kConsumers + g;
     unsigned char* rows_base = smem() + Cfg::kOOffset + 64 * g * 128;
     fc::named_barrier_sync(epilogue_barrier, fc::kWarpgroupThreads);
@@ -512,10 +540,22 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>
         *reinterpret_cast<uint32_t*>(dst) = pack2<T>(o[4 * j + 2 * h] * inv_l, o[4 * j + 2 * h + 1] * inv_l);
       }
     }
+    if (p.lse != nullptr && tid % 4 == 0) {
+      // LSE = log(sum_j exp(S_ij * scale)) = (m + log2 l) ln 2, m being in units of S * scale * log2(e); +inf for
+      // a row that sees no key (l = 0). One lane of the quad that shares a row writes it; rows past S are not.
+      // l sums P rounded to T, as O's normalization does, so LSE carries that rounding: at worst T's unit roundoff
+      // in l (2^-11 fp16, 2^-8 bf16: 5e-4 and 4e-3 in LSE, rounding all one way), not fp32 row sums' 1e-7.
+      float* lse = p.lse + static_cast<size_t>(bh) * p.seq_len;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = first_row + r_local + 8 * h;
+        const float l = o[4 * (kHeadDim / 8) + 2 * h];
+        if (row < p.seq_len) lse[row] = l > 0.f ? (st.m[h] + __log2f(l)) * 0.6931471805599453f : INFINITY;
+      }
+    }
     fc::fence_proxy_async_shared();  // the generic-proxy writes above, before the TMA's reads
     fc::named_barrier_sync(epilogue_barrier, fc::kWarpgroupThreads);
     if (tid == 0) {
-      const int bh = item_at<kBlockM>(p, items, index).bh;  // recomputed: one register fewer through the loop
 #pragma unroll
       for (int panel = 0; panel < Cfg::kPanels; ++panel) {
         fc::tma_store_4d(&maps.o, 0, first_row, panel, bh, rows_base + panel * kBlockM * 128);
@@ -533,11 +573,11 @@ const char* launch(const FlashcoreParams& p, Items items, cudaStream_t stream) {
       std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const auto kernel = v12_fwd<kHeadDim, kBlockN, Cfg::kConsumers, Cfg::kStages, T>;
   if (const char* err = fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes)) return err;
-  const int bh = p.batch * p.heads;
+  const int bh = p.batch * p.heads, bh_kv = p.batch * p.heads_kv;
   Maps maps;
   if (!fc::encode_panel_map(&maps.q, kType, p.q, bh, p.seq_len, kHeadDim, kBlockM, Cfg::kPanels) ||
-      !fc::encode_panel_map(&maps.k, kType, p.k, bh, p.seq_len, kHeadDim, kBlockN, Cfg::kPanels) ||
-      !fc::encode_panel_map(&maps.v, kType, p.v, bh, p.seq_len, kHeadDim, kBlockN, Cfg::kPanels) ||
+      !fc::encode_panel_map(&maps.k, kType, p.k, bh_kv, p.seq_len_kv, kHeadDim, kBlockN, Cfg::kPanels) ||
+      !fc::encode_panel_map(&maps.v, kType, p.v, bh_kv, p.seq_len_kv, kHeadDim, kBlockN, Cfg::kPanels) ||
       !fc::encode_panel_map(&maps.o, kType, p.o, bh, p.seq_len, kHeadDim, 64, 1)) {
     return fc::message("v12: the driver refused a TMA tensor map (is the driver new enough, the tensor 16-byte aligned?)");
   }
@@ -619,6 +659,8 @@ static Plan plan_for(const FlashcoreParams& p) {
 }
 
 int flashcore_dtypes() { return (1 << kFlashcoreFloat16) | (1 << kFlashcoreBFloat16); }
+
+int flashcore_features() { return kFlashcoreGqa | kFlashcoreSeqLenKv | kFlashcoreLse; }
 
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
   if (head_dim == 64 && max_plans >= 6) {

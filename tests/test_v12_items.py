@@ -1,7 +1,9 @@
 """v12's work list, checked on the host: the plan it launches with (persistent CTAs, 64-, 128- or 192-row items,
-mixed lists at D=64) must cover every query row of every head exactly once, give each item the key tiles its rows
-need, and deal every item to one CTA. tests/fixtures/hosts/v12_items.cu runs the kernel's own item_at /
-item_tiles / snake_index / plan_for; nvcc builds it (no GPU needed)."""
+mixed lists at D=64) must cover every query row of every head exactly once, give each item exactly the key tiles
+its rows see (S_kv keys; causal bottom-right, so S != S_kv shifts the diagonal and may leave items with none), mask
+exactly the tiles a row sees in part, read the K/V head its query head shares (grouped-query), and deal every item
+to one CTA. tests/fixtures/hosts/v12_items.cu runs the kernel's own item_at / item_tiles / tile_needs_mask /
+kv_head / snake_index / plan_for; nvcc builds it (no GPU needed)."""
 
 from __future__ import annotations
 
@@ -44,6 +46,22 @@ def shapes() -> list[str]:
     return out
 
 
+def shapes_kv() -> list[str]:
+    """B,H,S,D,causal,S_kv,H_kv: queries shorter and longer than keys (causal offsets of either sign), decode
+    and chunked prefill, grouped-query and multi-query heads."""
+    lengths = [1, 17, 64, 65, 128, 129, 255, 384, 1000, 4096]
+    out = [f"{b},{h},{s},{d},{c},{s_kv},{h_kv}" for b, h, h_kv in ((1, 1, 1), (2, 16, 4))
+           for s in lengths for s_kv in lengths if s != s_kv for d in (64, 128) for c in (0, 1)]
+    decode_and_prefill = ((8, 1, 8192), (64, 1, 4096), (1, 1, 131072), (4, 4, 16384), (1, 512, 8192), (1, 8192, 512))
+    out += [f"{b},32,{s},128,{c},{s_kv},8" for b, s, s_kv in decode_and_prefill for c in (0, 1)]
+    rng = random.Random(13)
+    for _ in range(150):
+        h_kv = rng.randint(1, 8)
+        out.append(f"{rng.randint(1, 8)},{h_kv * rng.choice((1, 2, 4, 8))},{rng.randint(1, 9000)},"
+                   f"{rng.choice((64, 128))},{rng.randint(0, 1)},{rng.randint(1, 9000)},{h_kv}")
+    return out
+
+
 def test_v12_work_list_covers_every_row_once_and_every_item_is_dealt_once(items_check):
     wanted = shapes()
     proc = subprocess.run([str(items_check), *wanted], capture_output=True, text=True, timeout=300)
@@ -57,6 +75,21 @@ def test_v12_work_list_covers_every_row_once_and_every_item_is_dealt_once(items_
     assert any(small > 0 for _, _, small in plans)
 
 
+def test_v12_work_list_over_other_key_lengths_and_shared_kv_heads(items_check):
+    wanted = shapes_kv()
+    proc = subprocess.run([str(items_check), *wanted], capture_output=True, text=True, timeout=300)
+    lines = proc.stdout.splitlines()
+    failed = [line for line in lines if not line.startswith("OK ")]
+    assert proc.returncode == 0 and not failed, "\n".join(failed[:10]) + proc.stderr
+    assert [line.split()[1] for line in lines] == wanted
+    empty = {line.split()[1]: int(line.split()[5].split("=")[1]) for line in lines}
+    # causal with S > S_kv leaves items whose rows see no key (no tiles, still written); never without causal
+    assert empty["1,1,4096,64,1,17,1"] > 0 and empty["1,1,4096,64,0,17,1"] == 0
+    assert all(n == 0 for shape, n in empty.items() if shape.split(",")[4] == "0")
+
+
 def test_v12_work_check_rejects_a_malformed_shape(items_check):
     proc = subprocess.run([str(items_check), "2,16,4096"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and proc.stdout.startswith("FAIL 2,16,4096: not B,H,S,D,causal")
+    proc = subprocess.run([str(items_check), "2,16,4096,64,1,4096,5"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "H_kv dividing H" in proc.stdout
