@@ -147,42 +147,10 @@ __device__ __forceinline__ void decode_attend(const FlashcoreParams& p, const fc
   fc::QFragments<Cfg> q_frag;
   fc::load_q_fragments_global<Cfg>(q_frag, q, work.row0, plan.rows, lane);
 
-  // The last key each of the lane's rows sees (row r = g * S + i is query i), and the last every row sees.
-  const int seq_len = p.seq_len, seq_len_kv = p.seq_len_kv;
-  int last_key[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int i = (work.row0 + (lane >> 2) + 8 * h) % seq_len;
-    last_key[h] = p.causal ? min(seq_len_kv - 1, i + seq_len_kv - seq_len) : seq_len_kv - 1;
-  }
-  const int last_key_all = p.causal ? min(seq_len_kv - 1, seq_len_kv - seq_len) : seq_len_kv - 1;
   const float scale_log2 = p.scale * kLog2e;
-
-  // ldmatrix rows of this warp's 16 keys: K as B of Q K^T (lane % 8 + 8 (lane / 16)), V as B of P V (.trans,
-  // lane % 8 + 8 ((lane / 8) % 2)).
-  const int key_in_tile = warp * Cfg::kWarpKeys;
-  const uint32_t k_lane = fc::smem_addr(smem) + (key_in_tile + (lane & 7) + (lane >> 4) * 8) * 128;
-  const uint32_t v_lane = fc::smem_addr(smem) + Cfg::kKvBytes + (key_in_tile + (lane & 7) + ((lane >> 3) & 1) * 8) * 128;
-
   RowState<Cfg> rows;
-  init_rows(rows);
-  int stage = 0;
-  uint32_t phase = 0;
-  for (int tile = work.tile_begin; tile < work.tile_end; ++tile) {
-    fc::mbarrier_wait_parity(&full[stage], phase);
-    const int key0 = tile * Cfg::kBlockN + key_in_tile;
-    // S = Q_i K_j^T; -inf past S_kv and (causal) past each row's diagonal: only the last tile of a head
-    float s[2][4];
-    warp_scores<Cfg, T>(s, q_frag[0], k_lane + stage * Cfg::kStageBytes, lane);
-    if (key0 + Cfg::kWarpKeys - 1 > last_key_all) mask_scores(s, key0, last_key, lane);
-    // P = exp(S - m_new), O = diag(exp(m_i - m_new)) O + P V_j
-    softmax_pv<Cfg, T>(s, rows, v_lane + stage * Cfg::kStageBytes, scale_log2, lane);
-    fc::mbarrier_arrive(&empty[stage]);  // this thread's reads of the stage are done
-    if (++stage == Cfg::kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
+  consume_tiles<Cfg, T>(rows, q_frag[0], fc::smem_addr(smem), full, empty, work.tile_begin, work.tile_end,
+                        key_limits(work.row0, p.seq_len, p.seq_len_kv, p.causal, lane), scale_log2, warp, lane);
 
   // Merge the four warps' rows through shared memory (the ring's bytes: every tile has landed and been read).
   fc::named_barrier_sync(1, Cfg::kConsumerThreads);
@@ -208,11 +176,10 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads, DecodeConfig
   decode_attend<DecodeConfig<kHeadDim>, T, true>(p, plan, &map_k, &map_v);
 }
 
-constexpr int kCombineThreads = 128;
-
 template <int kHeadDim, class T>
-__global__ void __launch_bounds__(kCombineThreads) decode_combine(FlashcoreParams p, fc::decode::Split plan) {
-  fc::decode::combine_rows<DecodeConfig<kHeadDim>, T>(p, plan);
+__global__ void __launch_bounds__(fc::decode::kCombineThreads)
+    decode_combine(FlashcoreParams p, fc::decode::Split plan) {
+  fc::decode::combine_row<DecodeConfig<kHeadDim>, T>(p, plan);
 }
 
 // ---- launcher ------------------------------------------------------------------------------------------
@@ -251,7 +218,8 @@ static const char* allow_smem_once() {
 // bytes, zeros past S_kv. False when the driver refuses it: the caller then takes the cp.async kernel.
 template <class Cfg, class T>
 static bool encode_kv_map(CUtensorMap* map, const void* base, const FlashcoreParams& p) {
-  constexpr auto type = std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  constexpr auto type =
+      std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const cuuint64_t row_bytes = Cfg::kHeadDim * sizeof(T);
   return fc::encode_tensor_map<3>(map, type, base,
                                   {static_cast<cuuint64_t>(Cfg::kHeadDim), static_cast<cuuint64_t>(p.seq_len_kv),
@@ -307,18 +275,17 @@ static const char* launch_split(const FlashcoreParams& p, const fc::decode::Spli
 // The combine, as a programmatic dependent of the split kernel where the build targets sm_90.
 template <class Cfg, class T>
 static const char* launch_combine(const FlashcoreParams& p, const fc::decode::Split& plan, cudaStream_t stream) {
-  const long long threads = static_cast<long long>(plan.kv_heads) * plan.rows * (Cfg::kHeadDim / 8);
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((threads + kCombineThreads - 1) / kCombineThreads));
-  config.blockDim = dim3(kCombineThreads);
+  config.gridDim = dim3(static_cast<unsigned>(plan.kv_heads * plan.rows));  // one CTA per query row
+  config.blockDim = dim3(fc::decode::kCombineThreads);
   config.stream = stream;
   cudaLaunchAttribute dependent;
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &dependent;
   config.numAttrs = fc::kBuildsSm90 ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&config, decode_combine<Cfg::kHeadDim, T>, p, plan);
-  return err == cudaSuccess ? fc::launch_status() : fc::message("decode combine launch failed: %s", cudaGetErrorString(err));
+  cudaLaunchKernelEx(&config, decode_combine<Cfg::kHeadDim, T>, p, plan);
+  return fc::launch_status();
 }
 
 template <int kHeadDim, class T>
@@ -381,7 +348,7 @@ static int plan_of(FlashcoreKernelPlan* out) {
   int count = 0;
   out[count++] = {split, Cfg::kThreads, Cfg::kSmemBytes};
   if (fc::kBuildsSm90) out[count++] = {split_tma, Cfg::kThreads, Cfg::kSmemBytes};
-  out[count++] = {combine, kCombineThreads, 0};
+  out[count++] = {combine, fc::decode::kCombineThreads, 0};
   return count;
 }
 

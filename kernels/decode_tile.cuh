@@ -1,10 +1,12 @@
-// decode_tile.cuh — one consumer warp's share of a key tile in the decode rung (decode.cu): S = Q K^T on
-// mma.sync m16n8k16 with Q_i's fragments in registers, the masks, the online softmax, and O += P V with the
-// row sums from a column of ones (as fa2_mma.cuh's accumulate_pv), over the panel layout below.
+// decode_tile.cuh — the decode rung's consumer warps (decode.cu): each folds its share of every key tile into
+// its rows: S = Q K^T on mma.sync m16n8k16 with Q_i's fragments in registers, the masks, the online softmax,
+// and O += P V with the row sums from a column of ones (as fa2_mma.cuh's accumulate_pv), over the panel
+// layout below; consume_tiles is the loop over a CTA's run of tiles in the ring.
 //
 // A warp owns the CTA's 16 query rows (one m16 tile) and kWarpKeys = 16 keys of every tile: two n8 tiles of
 // S, one k16 step of P V. Each helper is a template over the tile configuration Cfg (decode.cu's
-// DecodeConfig) and reads kHeadDim, kDTiles = kHeadDim / 8, kKChunks = kHeadDim / 16, kPanelBytes.
+// DecodeConfig) and reads kHeadDim, kDTiles = kHeadDim / 8, kKChunks = kHeadDim / 16, kPanelBytes, and for
+// the loop kBlockN, kWarpKeys, kStages, kStageBytes, kKvBytes.
 // A lane holds rows g = lane / 4 and g + 8 (index h = 0, 1) and columns 2t, 2t + 1 (t = lane % 4) of every
 // n8 tile (mma_sm80.cuh).
 #pragma once
@@ -15,6 +17,7 @@
 #include <cstdint>
 
 #include "fa2_mma.cuh"
+#include "mbarrier.cuh"
 #include "mma_sm80.cuh"
 #include "primitives.cuh"
 
@@ -79,14 +82,33 @@ __device__ __forceinline__ void warp_scores(float (&s)[2][4], const uint32_t (&q
   }
 }
 
-// S = -inf where key > last_key[h], the last key row h may see (S_kv - 1, or i + S_kv - S under causal).
-__device__ __forceinline__ void mask_scores(float (&s)[2][4], int key0, const int (&last_key)[2], int lane) {
+// The last key each of a lane's two rows may see: S_kv - 1, or under causal (bottom-right) i + S_kv - S for
+// row r = g * S + i of a group (query i; negative: the row sees none). `all`: the last key every row sees
+// (i = 0), so a warp's keys up to it need no mask.
+struct KeyLimits {
+  int last_key[2];
+  int all;
+};
+
+__device__ __forceinline__ KeyLimits key_limits(int row0, int seq_len, int seq_len_kv, bool causal, int lane) {
+  KeyLimits lim;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int i = (row0 + (lane >> 2) + 8 * h) % seq_len;
+    lim.last_key[h] = causal ? min(seq_len_kv - 1, i + seq_len_kv - seq_len) : seq_len_kv - 1;
+  }
+  lim.all = causal ? min(seq_len_kv - 1, seq_len_kv - seq_len) : seq_len_kv - 1;
+  return lim;
+}
+
+// S = -inf where key > the row's last visible key.
+__device__ __forceinline__ void mask_scores(float (&s)[2][4], int key0, const KeyLimits& lim, int lane) {
 #pragma unroll
   for (int j = 0; j < 2; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int key = key0 + 8 * j + 2 * (lane & 3) + (r & 1);
-      if (key > last_key[r >> 1]) s[j][r] = -INFINITY;
+      if (key > lim.last_key[r >> 1]) s[j][r] = -INFINITY;
     }
 }
 
@@ -148,6 +170,39 @@ __device__ __forceinline__ void softmax_pv(float (&s)[2][4], RowState<Cfg>& st, 
   fc::Element<T>::mma(row_sums, pa, fc::Element<T>::kOnes, fc::Element<T>::kOnes);
   st.l_i[0] += row_sums[0];
   st.l_i[1] += row_sums[2];
+}
+
+// A consumer warp's run: for each tile [tile_begin, tile_end) of the ring (stage t % kStages, lap parity as in
+// decode_load.cuh), wait for it to land, fold this warp's kWarpKeys keys of it into rows, and release it.
+// ring: the shared address of stage 0; Q_i's A fragments in q.
+template <class Cfg, class T>
+__device__ __forceinline__ void consume_tiles(RowState<Cfg>& rows, const uint32_t (&q)[Cfg::kKChunks][4],
+                                              uint32_t ring, uint64_t* full, uint64_t* empty, int tile_begin,
+                                              int tile_end, const KeyLimits& lim, float scale_log2, int warp,
+                                              int lane) {
+  // ldmatrix rows of this warp's keys: K as B of Q K^T (lane % 8 + 8 (lane / 16)), V as B of P V (.trans,
+  // lane % 8 + 8 ((lane / 8) % 2)).
+  const int key_in_tile = warp * Cfg::kWarpKeys;
+  const uint32_t k_lane = ring + (key_in_tile + (lane & 7) + (lane >> 4) * 8) * 128;
+  const uint32_t v_lane = ring + Cfg::kKvBytes + (key_in_tile + (lane & 7) + ((lane >> 3) & 1) * 8) * 128;
+  init_rows(rows);
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
+    fc::mbarrier_wait_parity(&full[stage], phase);
+    const int key0 = tile * Cfg::kBlockN + key_in_tile;
+    // S = Q_i K_j^T; -inf past S_kv and (causal) past each row's diagonal: a head's last tile or two only
+    float s[2][4];
+    warp_scores<Cfg, T>(s, q, k_lane + stage * Cfg::kStageBytes, lane);
+    if (key0 + Cfg::kWarpKeys - 1 > lim.all) mask_scores(s, key0, lim, lane);
+    // P = exp(S - m_new), O = diag(exp(m_i - m_new)) O + P V_j
+    softmax_pv<Cfg, T>(s, rows, v_lane + stage * Cfg::kStageBytes, scale_log2, lane);
+    fc::mbarrier_arrive(&empty[stage]);  // this thread's reads of the stage are done
+    if (++stage == Cfg::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
 }
 
 }  // namespace fc::decode
