@@ -13,9 +13,9 @@
 // of CTAs); a producer warp streams K/V by TMA on sm_90 (cp.async elsewhere; kernels/decode_load.cuh) while
 // four consumer warps each take 16 keys of every stage (kernels/decode_tile.cuh: v11's fragments, ones-column
 // row sums, online softmax, over a 64-column panel layout a TMA box can write at D = 128); the warps merge in
-// shared memory, and several splits merge in decode_combine (kernels/decode_combine.cuh), launched as a
-// programmatic dependent so its launch overlaps the split kernel's tail. LSE sums the unrounded fp32 P beside
-// l_i (the rounded P that O divides by, which keeps one-hot rows exact).
+// shared memory, and several splits merge in decode_combine (kernels/decode_combine.cuh: a CTA per query row),
+// launched as a programmatic dependent so its launch overlaps the split kernel's tail. LSE sums the unrounded
+// fp32 P beside l_i (the rounded P that O divides by, which keeps one-hot rows exact).
 //
 // Configuration (DecodeConfig below; the numbers behind it are written where it is defined):
 //   D    Br  Bc  consumer warps  stages x bytes   smem    CTAs/SM (H100/H200 | L4)
@@ -27,10 +27,10 @@
 // Run:  flashcore test decode && flashcore bench decode --shape 8,32:8,1:8192,128
 //       (also 64,32:8,1:4096,128  1,32:8,1:131072,128  16,64:8,1:16384,128  4,32:8,4:16384,128)
 //
-// ptxas (nvcc 13.0; no static smem, spills or stack), registers sm_90 | sm_89, fp16 and bf16 alike:
-//   decode_split_kv_tma<64>  116 | (sm_90 only)    decode_split_kv_tma<128>  168 | (sm_90 only)
+// ptxas (nvcc 13.0; no spills or stack), registers sm_90 | sm_89, fp16 and bf16 alike:
+//   decode_split_kv_tma<64>  114 | (sm_90 only)    decode_split_kv_tma<128>  168 | (sm_90 only)
 //   decode_split_kv<64>      114 | 120             decode_split_kv<128>      168 | 168
-//   decode_combine<64>        54 | 53              decode_combine<128>        54 | 53
+//   decode_combine<64|128>    40 | 44, 6 KB of static shared memory (one CTA of 128 threads per query row)
 //
 // Measured (H200, `flashcore bench`, cold L2; K/V bytes / time against the 4.25 TB/s a device copy reaches):
 //   MEASURED FIGURES: to be filled in from the lead's H200 run (none taken yet; this build has not run on a GPU).
