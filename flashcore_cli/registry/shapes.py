@@ -182,6 +182,18 @@ GQA_SHAPES = [
     (2, 4, 4, 513, 1000),
     (1, 32, 4, 64, 333),
     (1, 6, 2, 300, 128),
+    # decode rungs (at most 16 query rows): every query tile shape of a group, long and odd caches, Sq > Sk
+    (3, 64, 8, 1, 4099),
+    (1, 32, 8, 4, 1000),
+    (2, 8, 8, 16, 600),
+    (1, 12, 4, 7, 33),
+    (2, 16, 2, 16, 5),
+]
+# Extreme magnitudes on grouped, uneven shapes (one-hot rows need q and k of one shape: the MHA set has them).
+EXTREME_GQA_SHAPES = [
+    ("large", (1, 32, 8, 4, 1000)),
+    ("uniform", (2, 8, 2, 1, 97)),
+    ("large", (1, 8, 2, 200, 333)),
 ]
 
 
@@ -193,6 +205,10 @@ def default_cases(head_dims, base_seed: int, dtype: str = "fp16") -> list[Case]:
                 cases.append(Case(Shape(b, h, s, d), causal, base_seed + len(cases), inputs, dtype))
     cases += expand_cases([Shape(b, h, sq, d, hkv, sk) for d in head_dims for (b, h, hkv, sq, sk) in GQA_SHAPES],
                           base_seed + len(cases), dtype=dtype)  # fmt: skip
+    for d in head_dims:
+        for inputs, (b, h, hkv, sq, sk) in EXTREME_GQA_SHAPES:
+            for causal in (False, True):
+                cases.append(Case(Shape(b, h, sq, d, hkv, sk), causal, base_seed + len(cases), inputs, dtype))
     return cases
 
 
