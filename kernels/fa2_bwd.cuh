@@ -159,6 +159,27 @@ __device__ __forceinline__ void red_add_dq(float* dq_accum, const float (&acc)[C
   }
 }
 
+// sm_90: the warp's dQ partial into the staging tile ([D / 32][kBlockM][32] fp32: panels of 32 columns, 128-byte
+// rows with the 16-byte chunks XORed by row % 8, the layout a 128-byte-swizzled TMA box reads), so the eight rows a
+// store instruction writes land in eight bank groups.
+template <class Cfg>
+__device__ __forceinline__ void stage_dq(float* dq_s, const float (&acc)[Cfg::kDqTiles][4], int mtile, int d_tile0,
+                                         int lane) {
+  unsigned char* base = reinterpret_cast<unsigned char*>(dq_s);
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < Cfg::kDqTiles; ++j) {
+    const int col = 8 * (d_tile0 + j) + 2 * t;  // this lane's two columns
+    const int panel = col / 32, chunk = (col % 32) / 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 16 * mtile + g + 8 * h;
+      *reinterpret_cast<float2*>(base + panel * Cfg::kBlockM * 128 + row * 128 + ((chunk ^ (row & 7)) << 4) +
+                                 8 * (t & 1)) = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+    }
+  }
+}
+
 // A warp's 16 rows of dK or dV (C fragments, times `scale`) as T into rows row0 .. of a [S_kv, D] tensor; rows
 // at or past seq_len_kv are not written.
 template <class Cfg, class T>

@@ -85,6 +85,15 @@ __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, int c0, int
       : "memory"));
 }
 
+// cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group: global += src over the box at
+// (c0, c1, c2) (fp32 add in L2; elements past the tensor's bounds are skipped).
+__device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, int c0, int c1, int c2, const void* src) {
+  FC_SM90_ONLY(asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(map),
+      "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(src))
+      : "memory"));
+}
+
 // cp.async.bulk.commit_group: closes this thread's bulk stores issued so far into one group.
 __device__ __forceinline__ void tma_store_commit() {
   FC_SM90_ONLY(asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"));
@@ -95,6 +104,12 @@ __device__ __forceinline__ void tma_store_commit() {
 template <int kPending>
 __device__ __forceinline__ void tma_store_wait_read() {
   FC_SM90_ONLY(asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory"));
+}
+
+// cp.async.bulk.wait_group N: at most kPending of this thread's groups still incomplete (their writes done).
+template <int kPending>
+__device__ __forceinline__ void tma_store_wait() {
+  FC_SM90_ONLY(asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory"));
 }
 
 // ---- host: tensor maps ------------------------------------------------------------------------------------

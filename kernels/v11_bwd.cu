@@ -27,6 +27,7 @@
 #include "fa2_bwd.cuh"
 #include "fa2_mma.cuh"
 #include "primitives.cuh"
+#include "tma.cuh"
 
 #include <cstdint>
 #include <type_traits>
@@ -58,12 +59,18 @@ struct V11BwdConfig {
   static constexpr int kDqTiles = kDTiles / kDqSplit;
   static constexpr int kDqUnits = kDqMTiles * kDqSplit;
   static constexpr int kDsRowBytes = kBlockM * 2;
-  // Shared memory: K_j | V_j | (Q_i, dO_i) x 2 stages | dS^T | (LSE_i log2 e, D_i) x 2 stages.
+  // sm_90 builds add dQ_i to the accumulator by TMA (one reduce-add per 32 columns from a staging tile of
+  // fp32 panels [32 columns][kBlockM rows], 128-byte swizzled) instead of red.add from every lane.
+  static constexpr bool kTmaDq = fc::kBuildsSm90;
+  static constexpr int kDqPanels = kHeadDim / 32;
+  // Shared memory: K_j | V_j | dQ staging (sm_90) | (Q_i, dO_i) x 2 stages | dS^T | (LSE_i log2 e, D_i) x 2.
   static constexpr int kKvBytes = kBlockN * kRowBytes;
   static constexpr int kQBytes = kBlockM * kRowBytes;
   static constexpr int kKOffset = 0;
   static constexpr int kVOffset = kKvBytes;
-  static constexpr int kStageOffset = 2 * kKvBytes;  // stage s: Q_i at + s * 2 kQBytes, dO_i after it
+  static constexpr int kDqOffset = 2 * kKvBytes;  // 1024-byte aligned: kKvBytes is a multiple of 2048
+  static constexpr int kDqBytes = kTmaDq ? kBlockM * kHeadDim * 4 : 0;
+  static constexpr int kStageOffset = kDqOffset + kDqBytes;  // stage s: Q_i at + s * 2 kQBytes, dO_i after it
   static constexpr int kDsOffset = kStageOffset + 4 * kQBytes;
   static constexpr int kStatsOffset = kDsOffset + kBlockN * kDsRowBytes;  // stage s: lse2 [kBlockM], dsum [kBlockM]
   static constexpr int kSmemBytes = kStatsOffset + 2 * 2 * kBlockM * 4;
@@ -73,7 +80,8 @@ struct V11BwdConfig {
                 "BLOCK_N, BLOCK_M: multiples of 16; BLOCK_M divides the padding");
   static_assert(kDqUnits % kWarps == 0 && kDTiles % kDqSplit == 0 && kDqTiles % 2 == 0, "dQ split over the warps");
   static_assert(kThreads % kChunks == 0 && (kThreads / kChunks) % 8 == 0, "copies cover whole swizzle periods");
-  static_assert(kSmemBytes <= kBwdMaxSmemBytes, "shared memory: at most 99 KB per block (the L4's limit)");
+  // The L4's 99 KB per block where the build runs on it; sm_90 builds may take Hopper's 227 KB.
+  static_assert(kSmemBytes <= (fc::kBuildsSm90 ? 227 * 1024 : kBwdMaxSmemBytes), "shared memory per block");
 };
 
 // The tune space (variants.yaml `tune: params:`).
@@ -94,10 +102,13 @@ struct V11BwdConfig {
 #endif
 
 using BwdD64 = V11BwdConfig<64, V11_BWD_D64_BLOCK_N, V11_BWD_D64_BLOCK_M, V11_BWD_D64_KV_IN_REGS != 0>;
-using BwdD128 = V11BwdConfig<128, V11_BWD_D128_BLOCK_N, V11_BWD_D128_BLOCK_M, false>;
+// D=128 on sm_90 (227 KB): 128 keys x 64 queries, half the dQ reductions per FLOP of the L4's 64 x 32.
+using BwdD128 = std::conditional_t<fc::kBuildsSm90, V11BwdConfig<128, 128, 64, false>,
+                                   V11BwdConfig<128, V11_BWD_D128_BLOCK_N, V11_BWD_D128_BLOCK_M, false>>;
 // Short sequences: when the long grid (key blocks x batch x K/V heads) would not fill the SMs once, 32-key CTAs
-// (two warps) make four times as many CTAs (1,8,512,64: 128 instead of 32).
+// (two warps) make four times as many CTAs (1,8,512,64: 128 instead of 32); at D=128, 64 keys.
 using BwdShortD64 = V11BwdConfig<64, 32, 64, true>;
+using BwdShortD128 = V11BwdConfig<128, 64, 32, false>;
 
 // Workspace: the fp32 dQ accumulator [B, H, S, D], then LSE * log2 e and D, each [B, H, S_pad] fp32.
 struct Workspace {
@@ -165,8 +176,9 @@ __global__ void __launch_bounds__(256) v11_bwd_prep(FlashcoreBackwardParams b, W
 
 // ---- main: one CTA per (key block, batch * K/V head) ----
 template <class Cfg, class T>
-__global__ void __launch_bounds__(Cfg::kThreads) v11_bwd(FlashcoreBackwardParams b, Workspace w) {
-  extern __shared__ __align__(128) unsigned char smem[];
+__global__ void __launch_bounds__(Cfg::kThreads)
+    v11_bwd(FlashcoreBackwardParams b, Workspace w, const __grid_constant__ CUtensorMap dq_map) {
+  extern __shared__ __align__(1024) unsigned char smem[];
   const FlashcoreParams& p = b.fwd;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
   const int tid = threadIdx.x, lane = tid % fc::kWarpSize, warp = tid / fc::kWarpSize;
@@ -183,6 +195,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) v11_bwd(FlashcoreBackwardParams
   auto q_stage = [&](int s) { return smem + Cfg::kStageOffset + s * 2 * Cfg::kQBytes; };  // [kBlockM][D]
   auto do_stage = [&](int s) { return q_stage(s) + Cfg::kQBytes; };                        // [kBlockM][D]
   unsigned char* ds_s = smem + Cfg::kDsOffset;  // dS^T [kBlockN][kBlockM]
+  float* dq_s = reinterpret_cast<float*>(smem + Cfg::kDqOffset);  // [kDqPanels][kBlockM][32] fp32, swizzled (sm_90)
   auto stats = [&](int s) { return reinterpret_cast<float*>(smem + Cfg::kStatsOffset) + s * 2 * kBlockM; };
 
   // Query blocks that see any of keys n0..: causal, from the first row i with i + offset >= n0.
@@ -219,12 +232,25 @@ __global__ void __launch_bounds__(Cfg::kThreads) v11_bwd(FlashcoreBackwardParams
 
   float dk[Cfg::kDTiles][4] = {}, dv[Cfg::kDTiles][4] = {};
 
+  // sm_90: the staged dQ_i of step `step` goes out by TMA reduce-add (thread 0) once every warp has written it
+  auto reduce_dq = [&](int step) {
+    const int bh = bh0 + step / m_blocks, m0 = (m_first + step % m_blocks) * kBlockM;
+#pragma unroll
+    for (int panel = 0; panel < Cfg::kDqPanels; ++panel) {
+      fc::tma_reduce_add_3d(&dq_map, 32 * panel, m0, bh, dq_s + panel * kBlockM * 32);
+    }
+    fc::tma_store_commit();
+  };
+
   for (int step = 0; step < steps; ++step) {
     const int s = step & 1;
     if (step + 1 < steps) load_step(step + 1, s ^ 1);  // stage s ^ 1 was last read before step - 1's dS barrier
     fc::cp_async_commit();
     fc::cp_async_wait<1>();
     __syncthreads();
+    if constexpr (Cfg::kTmaDq) {
+      if (tid == 0 && step > 0) reduce_dq(step - 1);
+    }
     if constexpr (Cfg::kKvInRegs) {
       if (step == 0) {
         fc::load_q_fragments<Cfg>(k_frag, k_lane, lane);
@@ -247,6 +273,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) v11_bwd(FlashcoreBackwardParams
     fc::accumulate_t<Cfg, T>(st, dv, fc::smem_addr(do_stage(s)) + a_row * Cfg::kRowBytes, lane);
     fc::accumulate_t<Cfg, T>(dpt, dk, fc::smem_addr(q_stage(s)) + a_row * Cfg::kRowBytes, lane);
     fc::store_ds_t<Cfg, T>(ds_s, dpt, warp * 16, lane);
+    if constexpr (Cfg::kTmaDq) {
+      if (tid == 0) fc::tma_store_wait_read<0>();  // the last step's dQ has left the staging tile
+    }
     __syncthreads();
     // dQ_i += dS K_j, this warp's share, into the accumulator
 #pragma unroll
@@ -254,11 +283,23 @@ __global__ void __launch_bounds__(Cfg::kThreads) v11_bwd(FlashcoreBackwardParams
       const int mtile = unit % Cfg::kDqMTiles, tile0 = (unit / Cfg::kDqMTiles) * Cfg::kDqTiles;
       float dq[Cfg::kDqTiles][4];
       fc::dq_partial<Cfg, T>(dq, ds_s, fc::smem_addr(k_s), mtile, tile0, lane);
-      fc::red_add_dq<Cfg>(w.dq_accum + static_cast<size_t>(bh) * seq_len * kHeadDim, dq, m0 + 16 * mtile, tile0,
-                          seq_len, lane);
+      if constexpr (Cfg::kTmaDq) {
+        fc::stage_dq<Cfg>(dq_s, dq, mtile, tile0, lane);
+      } else {
+        fc::red_add_dq<Cfg>(w.dq_accum + static_cast<size_t>(bh) * seq_len * kHeadDim, dq, m0 + 16 * mtile, tile0,
+                            seq_len, lane);
+      }
     }
+    if constexpr (Cfg::kTmaDq) fc::fence_proxy_async_shared();  // the TMA unit reads what the warps wrote
   }
   fc::cp_async_wait<0>();
+  if constexpr (Cfg::kTmaDq) {
+    __syncthreads();
+    if (tid == 0 && steps > 0) {
+      reduce_dq(steps - 1);
+      fc::tma_store_wait<0>();
+    }
+  }
 
   // dK = scale dS^T Q, dV = P^T dO for this warp's 16 keys (zeros where no query sees them)
   fc::store_rows_t<Cfg, T>(b.dk + kv_base, dk, p.scale, key0, seq_len_kv, lane);
@@ -303,7 +344,19 @@ const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   if (const char* err = allow_smem_once<kernel, Cfg::kSmemBytes>()) return err;
   const dim3 grid(fc::ceil_div(p.seq_len_kv, Cfg::kBlockN), p.batch * p.heads_kv);
   if (grid.y > 65535) return fc::message("v11 backward: grid y of %u exceeds the limit (65535)", grid.y);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(b, w);
+  CUtensorMap dq_map{};
+  if constexpr (Cfg::kTmaDq) {
+    // the accumulator as [B * H][S][D] fp32, boxes of 32 columns x BLOCK_M rows (rows past S are skipped)
+    const cuuint64_t row_bytes = static_cast<cuuint64_t>(Cfg::kHeadDim) * 4;
+    if (!fc::encode_tensor_map<3>(&dq_map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, w.dq_accum,
+                                  {static_cast<cuuint64_t>(Cfg::kHeadDim), static_cast<cuuint64_t>(p.seq_len),
+                                   static_cast<cuuint64_t>(heads)},
+                                  {row_bytes, row_bytes * p.seq_len}, {32, static_cast<cuuint32_t>(Cfg::kBlockM), 1},
+                                  CU_TENSOR_MAP_SWIZZLE_128B)) {
+      return "v11 backward: the driver refused the dQ accumulator's tensor map";
+    }
+  }
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(b, w, dq_map);
   if (const char* err = fc::launch_status()) return err;
 
   const long long chunks = heads * p.seq_len * (Cfg::kHeadDim / 8);
@@ -322,7 +375,8 @@ const char* backward_dtype(const FlashcoreBackwardParams& b, cudaStream_t stream
   switch (b.fwd.head_dim) {
     case 64:
       return short_grid<BwdD64>(b.fwd) ? backward<BwdShortD64, T>(b, stream) : backward<BwdD64, T>(b, stream);
-    case 128: return backward<BwdD128, T>(b, stream);
+    case 128:
+      return short_grid<BwdD128>(b.fwd) ? backward<BwdShortD128, T>(b, stream) : backward<BwdD128, T>(b, stream);
     default: return fc::unsupported_head_dim(b.fwd.head_dim);
   }
 }
@@ -354,10 +408,16 @@ int plan_dtype(FlashcoreKernelPlan* plans) {
   return n;
 }
 
-template <int kHeadDim, class... Cfgs>
-int plan_both(FlashcoreKernelPlan* plans) {
-  const int n = plan_dtype<kHeadDim, __half, Cfgs...>(plans);
-  return n + plan_dtype<kHeadDim, __nv_bfloat16, Cfgs...>(plans + n);
+// The long and the short configuration (one entry where a build makes them the same kernel).
+template <int kHeadDim, class Long, class Short>
+int plan_long_short(FlashcoreKernelPlan* plans) {
+  if constexpr (std::is_same_v<Long, Short>) {
+    const int n = plan_dtype<kHeadDim, __half, Long>(plans);
+    return n + plan_dtype<kHeadDim, __nv_bfloat16, Long>(plans + n);
+  } else {
+    const int n = plan_dtype<kHeadDim, __half, Long, Short>(plans);
+    return n + plan_dtype<kHeadDim, __nv_bfloat16, Long, Short>(plans + n);
+  }
 }
 
 }  // namespace
@@ -375,8 +435,8 @@ const char* flashcore_backward(const FlashcoreBackwardParams& b, cudaStream_t st
 // The backward's kernels at a head dim, fp16 then bf16 (v11.cu's flashcore_plan lists them after the forward's).
 int v11_backward_plan(int head_dim, FlashcoreKernelPlan* plans) {
   switch (head_dim) {
-    case 64: return plan_both<64, BwdD64, BwdShortD64>(plans);
-    case 128: return plan_both<128, BwdD128>(plans);
+    case 64: return plan_long_short<64, BwdD64, BwdShortD64>(plans);
+    case 128: return plan_long_short<128, BwdD128, BwdShortD128>(plans);
     default: return 0;
   }
 }
