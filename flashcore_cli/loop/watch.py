@@ -334,10 +334,11 @@ def _resources_line(resources: list[KernelResources]) -> str:
 # ---------------------------------------------------------------- the command
 def run_watch(registry_path, name: str, shape_values: list[str] | None, causal: bool, bench: bool, dtype_text: str,
               arch_text: str | None, interval: float, timeout: float, reps: int) -> int:  # fmt: skip
-    from flashcore_cli.check.correctness import new_seed, plan_cases, run_variant
+    from flashcore_cli.check.correctness import new_seed
     from flashcore_cli.core.console import console, require_gpu
+    from flashcore_cli.measure.bench import MIN_REPS
     from flashcore_cli.registry.archs import parse_arch, parse_archs
-    from flashcore_cli.registry.shapes import MISSION_SHAPE, Case, parse_dtype, parse_shapes
+    from flashcore_cli.registry.shapes import MISSION_SHAPE, parse_dtype, parse_shapes
     from flashcore_cli.registry.variants import load_registry
 
     shapes = parse_shapes(shape_values) or parse_shapes([MISSION_SHAPE])
@@ -346,38 +347,14 @@ def run_watch(registry_path, name: str, shape_values: list[str] | None, causal: 
         raise FlashcoreError("--interval must be positive (seconds)")
     if timeout <= 0:
         raise FlashcoreError("--timeout must be positive (seconds)")
-    from flashcore_cli.measure.bench import MIN_REPS
-
     if bench and reps < MIN_REPS:
         raise FlashcoreError(f"--reps {reps}: at least {MIN_REPS} timed calls are needed for a median and p10/p90")
-    registry = load_registry(registry_path)
-    variant_name = registry.get(name).name  # an unknown name fails here, before anything runs
+    variant_name = load_registry(registry_path).get(name).name  # an unknown name fails here, before anything runs
     require_gpu("watch")
     arch = parse_arch(arch_text) if arch_text else parse_archs(None)[0]
     seed = new_seed()
-    bench_case = Case(shapes[0], causal, seed, dtype=dtype)
-
-    def load():
-        reg = load_registry(registry_path)
-        return reg, reg.get(variant_name)
-
-    def check(reg, variant):
-        cases = plan_cases(variant, shapes, seed, causal_modes=(causal,), dtypes=(dtype,))
-        return run_variant(reg, variant, cases, arch=arch, timeout=timeout)
-
-    def time_it(reg, variant):
-        from flashcore_cli.measure.bench import bench_variant
-
-        row = bench_variant(reg, variant, bench_case, arch=arch, reps=reps, warmup=10, timeout=timeout, modes=("cold",))["cold"]
-        return row.median, "" if row.median else f"not timed: {row.status} {(row.detail or '').splitlines()[0] if row.detail else ''}".strip()
-
-    def sdpa():
-        from flashcore_cli.measure.bench import bench_references, sdpa_median
-
-        rows, _ = bench_references(bench_case, reps=reps, warmup=10, timeout=timeout, modes=("cold",))
-        return sdpa_median(rows["cold"])
-
-    steps = WatchSteps(load, check, resources_of, time_it if bench else None, sdpa if bench else None)
+    steps = worker_steps(registry_path, variant_name, shapes, causal=causal, dtype=dtype, arch=arch, timeout=timeout,
+                         seed=seed, bench=bench, reps=reps)  # fmt: skip
     what = f"{', '.join(map(str, shapes))}{' causal' if causal else ''} {dtype}"
     title = f"flashcore watch {variant_name} · {what} · {arch}" + (" · bench cold" if bench else "")
     console.print(f"watching {variant_name} ({what}, {arch}); seed {seed}; Ctrl-C stops")
@@ -387,6 +364,42 @@ def run_watch(registry_path, name: str, shape_values: list[str] | None, causal: 
     if code == EXIT_INTERRUPTED:
         console.print("[yellow]stopped[/] (Ctrl-C)")
     return code
+
+
+def worker_steps(registry_path, variant_name: str, shapes, *, causal: bool, dtype: str, arch: str, timeout: float,
+                 seed: int, bench: bool = False, reps: int = 100) -> WatchSteps:  # fmt: skip
+    """The real steps: `flashcore test`'s worker at the shapes (one case per shape: this causal mode, this
+    dtype, seeds from `seed`), and with bench `flashcore bench`'s (cold) at the first shape."""
+    from flashcore_cli.registry.shapes import Case
+    from flashcore_cli.registry.variants import load_registry
+
+    bench_case = Case(shapes[0], causal, seed, dtype=dtype)
+
+    def load():
+        reg = load_registry(registry_path)
+        return reg, reg.get(variant_name)
+
+    def check(reg, variant):
+        from flashcore_cli.check.correctness import plan_cases, run_variant
+
+        cases = plan_cases(variant, shapes, seed, causal_modes=(causal,), dtypes=(dtype,))
+        return run_variant(reg, variant, cases, arch=arch, timeout=timeout)
+
+    def time_it(reg, variant):
+        from flashcore_cli.measure.bench import bench_variant
+
+        row = bench_variant(reg, variant, bench_case, arch=arch, reps=reps, warmup=10, timeout=timeout, modes=("cold",))["cold"]
+        if row.median:
+            return row.median, ""
+        return None, f"not timed: {row.status} {(row.detail or '').splitlines()[0] if row.detail else ''}".strip()
+
+    def sdpa():
+        from flashcore_cli.measure.bench import bench_references, sdpa_median
+
+        rows, _ = bench_references(bench_case, reps=reps, warmup=10, timeout=timeout, modes=("cold",))
+        return sdpa_median(rows["cold"])
+
+    return WatchSteps(load, check, resources_of, time_it if bench else None, sdpa if bench else None)
 
 
 def resources_of(built: dict) -> list[KernelResources]:
