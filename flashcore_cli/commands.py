@@ -49,6 +49,8 @@ def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
     """A cached build is answered here, without a worker or torch (its build.json is written only after the
     module was built and imported once); the rest build in parallel workers, one per variant (the first that
     needs the shared binding compiles it, the others wait for it)."""
+    from rich.markup import escape
+
     from flashcore_cli.build.jit import find_cached
     from flashcore_cli.build.tuned import has_tuned
     from flashcore_cli.core.isolate import WorkerOutcome, run_worker
@@ -89,14 +91,14 @@ def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
         built = outcome.find("built")
         if built:
             b = built[0]
-            table.add_row(v.name, styled("OK"), b["key"], _build_word(outcome), "\n".join(b["resources"]))
+            table.add_row(v.name, styled("OK"), b["key"], _build_word(outcome), escape("\n".join(b["resources"])))  # "[sm_90]" is no markup
             if verbose:
                 console.print(f"[dim]{v.name}: {b['directory']}/build.log[/]")
         else:
             failed += 1
             bf = outcome.find("build-failed")
             detail = bf[0]["errors"] if bf else (outcome.find("crash") or [{"error": outcome.log_tail}])[0]["error"]
-            table.add_row(v.name, styled("BUILD-FAIL"), "", "", detail)
+            table.add_row(v.name, styled("BUILD-FAIL"), "", "", escape(detail))
     console.print(table)
     return 1 if failed else 0
 
