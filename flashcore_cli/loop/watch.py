@@ -147,7 +147,12 @@ class Watcher:
             it.seconds = self.clock() - start
             return it
         self._remember_content()  # before the build: a save during it starts the next iteration
-        outcome = self.steps.check(registry, variant)
+        try:
+            outcome = self.steps.check(registry, variant)
+        except FlashcoreError as exc:  # e.g. a source the registry names is gone: say so, keep watching
+            it.errors = str(exc)
+            it.seconds = self.clock() - start
+            return it
         it.cases = outcome.cases
         it.status = outcome.status
         it.build = dict(outcome.build)
