@@ -1,7 +1,7 @@
-"""The playground's instruments (sanitize, profile, sass, sweep, compare, tune, doctor, new), registered onto
-the main app by register(). Like cli.py, this module only parses and delegates: each command's work lives in
-the module of the same name (sanitize.py, profile.py, sass.py, sweep.py, compare.py, tune.py, doctor.py,
-scaffold.py), imported when the command runs so `flashcore --help` stays fast."""
+"""The playground's instruments (sanitize, profile, sass, sweep, compare, tune, doctor, new, watch), registered
+onto the main app by register(). Like cli.py, this module only parses and delegates: each command's work lives
+in the module of the same name (sanitize.py, profile.py, sass.py, sweep.py, compare.py, tune.py, doctor.py,
+scaffold.py, loop/watch.py), imported when the command runs so `flashcore --help` stays fast."""
 
 from __future__ import annotations
 
@@ -150,6 +150,26 @@ def register(app, handle_errors) -> None:
         from flashcore_cli.build.scaffold import run_new
 
         return run_new(ctx.obj["registry"], name, from_)
+
+    @app.command()
+    @handle_errors
+    def watch(
+        ctx: typer.Context,
+        name: Name,
+        *,
+        shape: Annotated[Optional[list[str]], typer.Option("--shape", help="B,H,S,D to check at (repeat; default 1,8,512,64); the first is timed")] = None,
+        causal: Causal = False,
+        bench: Annotated[bool, typer.Option("--bench", help="also time the first shape (cold) beside SDPA and the previous build")] = False,
+        dtype: Annotated[str, typer.Option("--dtype", help="fp16 or bf16")] = "fp16",
+        arch: Arch = None,
+        interval: Annotated[float, typer.Option("--interval", help="seconds between two looks at the files")] = 0.2,
+        timeout: Annotated[float, typer.Option("--timeout", help="seconds per check or timing (after its build)")] = 120.0,
+        reps: Annotated[int, typer.Option("--reps", help="timed calls with --bench (at least 100)")] = 100,
+    ) -> int:
+        """On every save of a variant's sources: rebuild, check, (--bench) time; errors shown, the loop goes on."""
+        from flashcore_cli.loop.watch import run_watch
+
+        return run_watch(ctx.obj["registry"], name, shape, causal, bench, dtype, arch, interval, timeout, reps)
 
     report_app = typer.Typer(help="The README's tables and docs/ladder.md's chart, generated from a run record.", no_args_is_help=True)
     app.add_typer(report_app, name="report")

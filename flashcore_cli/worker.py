@@ -33,12 +33,12 @@ def _build(spec: dict, events: Events):
     from flashcore_cli.build.jit import BuildError, build_variant
     from flashcore_cli.registry.variants import load_registry
 
-    from flashcore_cli.build.tuned import current_gpu_name, tuned_defines
+    from flashcore_cli.build.tuned import tuned_defines_here
 
     variant = load_registry(spec["registry"]).get(spec["variant"])
     explicit = spec.get("defines") or {}
     # a tuning trial passes its own defines; everything else builds with the stored winner for this GPU
-    defines = explicit if spec.get("ignore_tuned") else {**tuned_defines(variant.name, current_gpu_name()), **explicit}
+    defines = explicit if spec.get("ignore_tuned") else {**tuned_defines_here(variant.name), **explicit}
     try:
         result = build_variant(variant, spec["arch"], force=spec.get("force", False), extra_defines=defines or None)
     except BuildError as exc:

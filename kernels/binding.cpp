@@ -181,7 +181,8 @@ std::vector<std::tuple<std::string, int, int>> plan(int head_dim) {
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+// The module's functions (not PYBIND11_MODULE: see flashcore_binding_init below).
+static void define_module(py::module_& m) {
   m.def("forward", &forward, "attention forward: o = softmax(q k^T * scale) v", py::arg("q"), py::arg("k"),
         py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("out") = py::none());
   m.def("forward_lse", &forward_lse, "attention forward that also returns the row log-sum-exp (fp32 [B, H, S])",
@@ -196,4 +197,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("features", &flashcore_features, "what else it supports: a mask of 1 << (0: gqa, 1: seqlen_kv, 2: lse, 3: backward)");
   m.def("plan", &plan, "the kernels, threads and dynamic shared memory the launcher uses at a head dim",
         py::arg("head_dim"));
+}
+
+// This file is compiled once into an object that every variant's module links (flashcore_cli/build/jit.py), so a
+// module's name cannot be TORCH_EXTENSION_NAME: it comes from the entry point flashcore generates per module,
+//   PyMODINIT_FUNC PyInit_<name>() { return flashcore_binding_init("<name>"); }
+// with a string literal (module_name must outlive the module). Single-phase init, as PYBIND11_PLUGIN did.
+extern "C" PyObject* flashcore_binding_init(const char* module_name) {
+  PYBIND11_CHECK_PYTHON_VERSION
+  PYBIND11_ENSURE_INTERNALS_READY
+  static PyModuleDef def;  // one per shared library, so one per variant's module
+  try {
+    auto m = py::module_::create_extension_module(module_name, nullptr, &def);
+    define_module(m);
+    return m.ptr();
+  }
+  PYBIND11_CATCH_INIT_EXCEPTIONS
+  return nullptr;
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the lent GPU: install, then the steps named on the command line.
-#   bash scripts/gpu_session.sh smoke|ladder|shapes|check|stress|sanitizers|instruments|gputests ...
+#   bash scripts/gpu_session.sh smoke|ladder|shapes|check|stress|sanitizers|instruments|gputests|loop ...
 # VARIANTS="v9 v11" picks the variants of check, stress and sanitizers (default: v9 v10 v11).
 # Each step's output is printed and logged; logs and JSON records come back packed in $OUT/logs.tgz
 # (the device returns only a few files). REGISTRY=path picks another registry.
@@ -105,6 +105,12 @@ prevbench() {  # v11 beside the build before this session (.prev/variants.yaml, 
 
 gputests() {  # the gpu-marked pytest suite
   step pytest-gpu python3 -m pytest -q -m gpu -x
+}
+
+loop() {  # the edit loop: its gpu tests (binding built once, edit/revert, two builders at once, watch's steps), then
+  # the timings table, three runs (scripts/loop_timings.sh restores kernels/v11.cu itself)
+  step loop-gpu-tests python3 -m pytest -q -m gpu tests/test_loop_gpu.py
+  step loop-timings env LOGS="$LOGS/loop-timings" bash scripts/loop_timings.sh
 }
 
 for s in "$@"; do "$s"; done

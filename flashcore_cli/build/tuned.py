@@ -30,6 +30,18 @@ def tuned_defines(variant: str, gpu_name: str | None) -> dict[str, str]:
     return {k: str(v) for k, v in json.loads(path.read_text()).get("defines", {}).items()}
 
 
+def has_tuned(variant: str) -> bool:
+    """Whether a winner is stored for the variant on any GPU (no torch, no CUDA)."""
+    folder = cache_root() / "tuned" / variant
+    return folder.is_dir() and any(folder.glob("*.json"))
+
+
+def tuned_defines_here(variant: str) -> dict[str, str]:
+    """The stored winner for this process's GPU. Asks torch for the GPU's name (which initialises CUDA, a
+    second or more) only when some winner is stored for the variant: a plain build never pays for it."""
+    return tuned_defines(variant, current_gpu_name()) if has_tuned(variant) else {}
+
+
 def store_tuned(variant: str, gpu_name: str, defines: dict[str, str], record: dict) -> Path:
     path = tuned_path(variant, gpu_name)
     path.parent.mkdir(parents=True, exist_ok=True)

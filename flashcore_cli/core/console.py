@@ -26,9 +26,10 @@ STATUS_STYLE = {
 
 
 def require_gpu(command: str) -> None:
-    import torch
+    """Refuses a command that runs kernels where no GPU is visible; asks no torch (each worker imports it)."""
+    from flashcore_cli.build.toolchain import gpu_visible
 
-    if not torch.cuda.is_available():
+    if not gpu_visible():
         raise FlashcoreError(
             f"`flashcore {command}` runs kernels and needs a CUDA GPU; none is visible here "
             "(`flashcore ptxas` and `flashcore list` work without one)"

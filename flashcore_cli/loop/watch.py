@@ -1,0 +1,413 @@
+"""`flashcore watch NAME`: on every save of a file the variant is built from, rebuild it, check it at the
+shapes asked for and (--bench) time it beside SDPA and beside the previous build, with the ptxas deltas.
+
+    flashcore watch v11 --shape 1,8,512,64 --bench
+
+The loop polls the modification times of the variant's source closure (its .cu files and the headers they
+include, build/cache.py source_closure) and of the registry, a few times a second (stdlib only). A save starts
+an iteration once the files have been still for a moment (an editor's several writes are one change), and
+only when their content differs from what was built last (a touch, or a save without an edit, is no change).
+An iteration runs the same isolated workers as `flashcore test` and `flashcore bench` (check/correctness.py
+run_variant, measure/bench.py bench_variant and bench_references, cold mode): a compile error or a mismatch is
+shown and the loop goes on; Ctrl-C kills the running worker's process group and leaves with exit 130.
+
+The loop itself (Watcher) takes its steps as functions (WatchSteps), so tests drive it with fakes on a CPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from flashcore_cli.build.ptxas import KernelResources, kernel_base_name
+from flashcore_cli.check.correctness import CaseOutcome, VariantOutcome
+from flashcore_cli.core.errors import EXIT_INTERRUPTED, FlashcoreError
+
+POLL_SECONDS = 0.2  # between two looks at the files' mtimes
+SETTLE_SECONDS = 0.25  # how long the files must be still before a change starts an iteration
+MAX_ERROR_LINES = 12
+
+
+@dataclass
+class Iteration:
+    """What one rebuild gave: what the screen shows, and what the next one compares with."""
+
+    number: int
+    changed: list[str]
+    status: str = "ERROR"  # OK, MISMATCH, BUILD-FAIL, CRASH, TIMEOUT, SKIP (the worst case's), ERROR (no run)
+    build: dict = field(default_factory=dict)  # the worker's "built" event ({} when the build failed)
+    errors: str = ""  # the compiler's first errors, a crash's or a setup error's words
+    cases: list[CaseOutcome] = field(default_factory=list)
+    resources: list[KernelResources] | None = None  # ptxas, per kernel (None: no build)
+    deltas: list[str] = field(default_factory=list)
+    median_us: float | None = None
+    sdpa_us: float | None = None
+    previous_us: float | None = None
+    bench_note: str = ""
+    seconds: float = 0.0
+
+    @property
+    def worst(self) -> CaseOutcome | None:
+        """The checked case with the largest error relative to its tolerance."""
+        checked = [c for c in self.cases if c.max_error is not None and c.tolerance]
+        return max(checked, key=lambda c: c.max_error / c.tolerance) if checked else None
+
+    def mismatch_lines(self, limit: int = 5) -> list[str]:
+        lines = []
+        for c in self.cases:
+            if c.status != "MISMATCH":
+                continue
+            where = "; ".join(f"{_index(m['index'])} expected {m['expected']:.4g}, got {m['got']:.4g}" for m in c.mismatches[:2])
+            lines.append(f"{c.case.label()}: max error {c.max_error:.4g} > tolerance {c.tolerance:.4g}; first at {where or c.detail}")
+            if len(lines) == limit:
+                break
+        return lines
+
+
+def _index(index) -> str:
+    b, h, s, d = index
+    return f"(b={b}, h={h}, s={s}, d={d})"
+
+
+@dataclass
+class WatchSteps:
+    """What an iteration calls. run_watch passes the real ones (isolated workers); tests pass fakes.
+
+    load()          -> (registry, variant), read again each iteration (an edited registry takes effect)
+    check(r, v)     -> VariantOutcome: build (or load) and check the cases (`flashcore test`'s worker)
+    resources(b)    -> the kernels' ptxas resources of a "built" event
+    bench(r, v)     -> (median us or None, a note): time the bench case, cold (None: no --bench)
+    sdpa()          -> SDPA's median us at the bench case, or None (called once, at the first bench)
+    """
+
+    load: Callable[[], tuple]
+    check: Callable[..., VariantOutcome]
+    resources: Callable[[dict], list[KernelResources]]
+    bench: Callable[..., tuple[float | None, str]] | None = None
+    sdpa: Callable[[], float | None] | None = None
+
+
+def watched_files(registry, variant) -> list[Path]:
+    """The variant's sources, every header they include from the project, and the registry file."""
+    from flashcore_cli.build.cache import source_closure
+
+    files = source_closure(list(variant.sources), [variant.kernels_dir])
+    registry_path = getattr(registry, "path", None)
+    return [*files, Path(registry_path).resolve()] if registry_path else files
+
+
+class Watcher:
+    def __init__(self, steps: WatchSteps, render: Callable[[Iteration, list[Iteration]], None], *,
+                 files: Callable[..., list[Path]] = watched_files, interval: float = POLL_SECONDS,
+                 settle: float = SETTLE_SECONDS, sleep=time.sleep, clock=time.monotonic,
+                 max_iterations: int | None = None):  # fmt: skip
+        self.steps = steps
+        self.render = render
+        self.files = files
+        self.interval = interval
+        self.settle = settle
+        self.sleep = sleep
+        self.clock = clock
+        self.max_iterations = max_iterations
+        self.history: list[Iteration] = []
+        self._paths: list[Path] = []
+        self._stamps: dict[Path, tuple | None] = {}
+        self._digest = ""
+        self._sdpa: float | None = None
+        self._sdpa_asked = False
+
+    def run(self) -> int:
+        """Iterate now, then on every change, until Ctrl-C (130) or max_iterations (0)."""
+        changed = ["(start)"]
+        try:
+            while True:
+                it = self.iterate(changed)
+                self.history.append(it)
+                self.render(it, self.history)
+                if self.max_iterations is not None and len(self.history) >= self.max_iterations:
+                    return 0
+                changed = self.wait_for_change()
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+
+    # ---------------------------------------------------------------- one iteration
+    def iterate(self, changed: list[str]) -> Iteration:
+        start = self.clock()
+        it = Iteration(len(self.history) + 1, changed)
+        try:
+            registry, variant = self.steps.load()
+            self._paths = list(self.files(registry, variant))
+        except FlashcoreError as exc:  # a broken registry: say so, keep watching what was watched
+            it.errors = str(exc)
+            self._remember_content()
+            it.seconds = self.clock() - start
+            return it
+        self._remember_content()  # before the build: a save during it starts the next iteration
+        try:
+            outcome = self.steps.check(registry, variant)
+        except FlashcoreError as exc:  # e.g. a source the registry names is gone: say so, keep watching
+            it.errors = str(exc)
+            it.seconds = self.clock() - start
+            return it
+        it.cases = outcome.cases
+        it.status = outcome.status
+        it.build = dict(outcome.build)
+        failed_build = [c for c in outcome.cases if c.status == "BUILD-FAIL"]
+        if failed_build:
+            it.errors = _first_lines(failed_build[0].detail)
+        elif it.status in ("CRASH", "TIMEOUT"):
+            bad = next(c for c in outcome.cases if c.status == it.status)
+            it.errors = _first_lines(bad.detail or outcome.detail)
+        elif it.status == "SKIP":
+            it.errors = next((c.detail for c in outcome.cases if c.detail), "")
+        if it.build:
+            try:
+                it.resources = self.steps.resources(it.build)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                it.deltas = [f"ptxas resources unreadable: {exc}"]
+            previous = next((h.resources for h in reversed(self.history) if h.resources is not None), None)
+            if it.resources is not None:
+                it.deltas = resource_deltas(previous, it.resources)
+        if self.steps.bench is not None and it.status == "OK":
+            self._bench(registry, variant, it)
+        it.seconds = self.clock() - start
+        return it
+
+    def _bench(self, registry, variant, it: Iteration) -> None:
+        if not self._sdpa_asked and self.steps.sdpa is not None:
+            self._sdpa_asked = True
+            self._sdpa = self.steps.sdpa()
+        it.sdpa_us = self._sdpa
+        it.median_us, it.bench_note = self.steps.bench(registry, variant)
+        it.previous_us = next((h.median_us for h in reversed(self.history) if h.median_us), None)
+
+    # ---------------------------------------------------------------- waiting for a save
+    def wait_for_change(self) -> list[str]:
+        """Poll until a watched file's content differs from what the last iteration built, once the files
+        have been still for `settle` seconds; the files that changed (relative names)."""
+        while True:
+            self.sleep(self.interval)
+            now = self._stamp()
+            if now == self._stamps:
+                continue
+            still_since, last = self.clock(), now
+            while self.clock() - still_since < self.settle:  # an editor's several writes: one change
+                self.sleep(min(self.interval, self.settle))
+                current = self._stamp()
+                if current != last:
+                    still_since, last = self.clock(), current
+            changed = [p for p in self._paths if last.get(p) != self._stamps.get(p)]
+            self._stamps = last
+            if self._content_digest() == self._digest:  # touched, or saved without an edit
+                continue
+            return [_short(p) for p in changed]
+
+    def _stamp(self) -> dict[Path, tuple | None]:
+        stamps = {}
+        for p in self._paths:
+            try:
+                st = p.stat()
+                stamps[p] = (st.st_mtime_ns, st.st_size)
+            except OSError:  # mid-rename by an editor, or deleted: a change, settled like any other
+                stamps[p] = None
+        return stamps
+
+    def _content_digest(self) -> str:
+        h = hashlib.sha256()
+        for p in self._paths:
+            h.update(str(p).encode())
+            try:
+                h.update(hashlib.sha256(p.read_bytes()).digest())
+            except OSError:
+                h.update(b"(missing)")
+        return h.hexdigest()
+
+    def _remember_content(self) -> None:
+        self._stamps = self._stamp()
+        self._digest = self._content_digest()
+
+
+def _short(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return path.name
+
+
+def _first_lines(text: str, limit: int = MAX_ERROR_LINES) -> str:
+    lines = (text or "").strip().splitlines()
+    return "\n".join(lines[:limit] + ([f"... ({len(lines) - limit} more lines)"] if len(lines) > limit else []))
+
+
+# ---------------------------------------------------------------- ptxas deltas
+_FIELDS = (("regs", "registers", ""), ("static smem", "static_smem", " B"), ("spills", "spills", " B"), ("stack", "stack_frame", " B"))
+
+
+def resource_deltas(before: list[KernelResources] | None, after: list[KernelResources]) -> list[str]:
+    """One line per kernel whose registers, static shared memory, spills or stack changed since the previous
+    build (kernels matched by name and arch), and one per kernel that appeared or went."""
+    if before is None:
+        return []
+    old = {(kernel_base_name(k.kernel), k.arch): k for k in before}
+    new = {(kernel_base_name(k.kernel), k.arch): k for k in after}
+    lines = []
+    for key, k in new.items():
+        name = key[0]
+        if key not in old:
+            lines.append(f"{name}: new ({k.registers} regs, {k.static_smem} B static smem, {k.spills} B spills)")
+            continue
+        o = old[key]
+        parts = []
+        for label, attr, unit in _FIELDS:
+            a, b = getattr(o, attr), getattr(k, attr)
+            if a != b:
+                parts.append(f"{label} {a}{unit} -> {b}{unit} ({b - a:+d})")
+        if parts:
+            lines.append(f"{name}: " + ", ".join(parts))
+    lines += [f"{key[0]}: gone" for key in old if key not in new]
+    return lines
+
+
+# ---------------------------------------------------------------- rendering
+def render_iteration(console, it: Iteration, history: list[Iteration], *, title: str, clear: bool) -> None:
+    """A compact screen: build, status, max error vs tolerance, the time beside SDPA and the previous build,
+    the ptxas deltas, the first errors or mismatches; one line of history."""
+    from rich.markup import escape
+    from rich.panel import Panel
+    from rich.table import Table
+
+    from flashcore_cli.core.console import styled
+
+    if clear:
+        console.clear()
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row("changed", f"{escape(', '.join(it.changed))}  [dim]{time.strftime('%H:%M:%S')}, iteration took {it.seconds:.1f} s[/]")
+    b = it.build
+    if b:
+        built = "cached" if b.get("cached") else f"built in {b.get('build_seconds', 0):.1f} s"
+        binding = b.get("binding") or {}
+        if binding and not binding.get("cached", True):
+            built += f" (+ the shared binding, {binding.get('build_seconds', 0):.1f} s)"
+        grid.add_row("build", f"{built}  [dim]key {b.get('key', '')}[/]")
+    elif it.status == "BUILD-FAIL":
+        grid.add_row("build", "[bold yellow]failed[/] (the compiler's first errors below)")
+    counts = {}
+    for c in it.cases:
+        counts[c.status] = counts.get(c.status, 0) + 1
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items())
+    grid.add_row("status", f"{styled(it.status)}" + (f"  [dim]({summary})[/]" if summary else ""))
+    worst = it.worst
+    if worst is not None:
+        ratio = worst.max_error / worst.tolerance
+        grid.add_row("max error", f"{worst.max_error:.3g} vs tolerance {worst.tolerance:.3g} ({ratio:.2f}x)  [dim]{escape(worst.case.label())}[/]")
+    if it.median_us is not None:
+        parts = [f"{it.median_us:.1f} us median (cold)"]
+        if it.sdpa_us:
+            parts.append(f"vs SDPA {it.sdpa_us:.1f} us: {it.sdpa_us / it.median_us:.2f}x")
+        if it.previous_us:
+            change = it.previous_us / it.median_us
+            parts.append(f"vs previous {it.previous_us:.1f} us: {change:.2f}x {'faster' if change >= 1 else 'slower'}")
+        grid.add_row("time", "   ".join(parts))
+    elif it.bench_note:
+        grid.add_row("time", escape(it.bench_note))
+    if it.resources is not None:
+        if it.deltas:
+            grid.add_row("ptxas", escape("\n".join(it.deltas)))
+        else:
+            grid.add_row("ptxas", escape(_resources_line(it.resources)) + ("" if len(history) < 2 else "  [dim](no change)[/]"))
+    if it.errors:
+        grid.add_row("errors" if it.status != "SKIP" else "skip", f"[red]{escape(it.errors)}[/]" if it.status != "SKIP" else escape(it.errors))
+    mismatches = it.mismatch_lines()
+    if mismatches:
+        grid.add_row("mismatch", f"[red]{escape(chr(10).join(mismatches))}[/]")
+    recent = history[-8:]
+    grid.add_row("history", "  ".join(f"#{h.number} {styled(h.status)}" for h in recent))
+    console.print(Panel(grid, title=escape(f"{title} · #{it.number}"), title_align="left", expand=False))
+    console.print("[dim]watching for saves; Ctrl-C stops[/]")
+
+
+def _resources_line(resources: list[KernelResources]) -> str:
+    return "; ".join(f"{kernel_base_name(k.kernel)} {k.registers} regs, {k.spills} B spills" for k in resources) or "no kernels"
+
+
+# ---------------------------------------------------------------- the command
+def run_watch(registry_path, name: str, shape_values: list[str] | None, causal: bool, bench: bool, dtype_text: str,
+              arch_text: str | None, interval: float, timeout: float, reps: int) -> int:  # fmt: skip
+    from flashcore_cli.check.correctness import new_seed
+    from flashcore_cli.core.console import console, require_gpu
+    from flashcore_cli.measure.bench import MIN_REPS
+    from flashcore_cli.registry.archs import parse_arch, parse_archs
+    from flashcore_cli.registry.shapes import MISSION_SHAPE, parse_dtype, parse_shapes
+    from flashcore_cli.registry.variants import load_registry
+
+    shapes = parse_shapes(shape_values) or parse_shapes([MISSION_SHAPE])
+    dtype = parse_dtype(dtype_text)
+    if interval <= 0:
+        raise FlashcoreError("--interval must be positive (seconds)")
+    if timeout <= 0:
+        raise FlashcoreError("--timeout must be positive (seconds)")
+    if bench and reps < MIN_REPS:
+        raise FlashcoreError(f"--reps {reps}: at least {MIN_REPS} timed calls are needed for a median and p10/p90")
+    variant_name = load_registry(registry_path).get(name).name  # an unknown name fails here, before anything runs
+    require_gpu("watch")
+    arch = parse_arch(arch_text) if arch_text else parse_archs(None)[0]
+    seed = new_seed()
+    steps = worker_steps(registry_path, variant_name, shapes, causal=causal, dtype=dtype, arch=arch, timeout=timeout,
+                         seed=seed, bench=bench, reps=reps)  # fmt: skip
+    what = f"{', '.join(map(str, shapes))}{' causal' if causal else ''} {dtype}"
+    title = f"flashcore watch {variant_name} · {what} · {arch}" + (" · bench cold" if bench else "")
+    console.print(f"watching {variant_name} ({what}, {arch}); seed {seed}; Ctrl-C stops")
+    watcher = Watcher(steps, lambda it, hist: render_iteration(console, it, hist, title=title, clear=console.is_terminal),
+                      interval=interval)  # fmt: skip
+    code = watcher.run()
+    if code == EXIT_INTERRUPTED:
+        console.print("[yellow]stopped[/] (Ctrl-C)")
+    return code
+
+
+def worker_steps(registry_path, variant_name: str, shapes, *, causal: bool, dtype: str, arch: str, timeout: float,
+                 seed: int, bench: bool = False, reps: int = 100) -> WatchSteps:  # fmt: skip
+    """The real steps: `flashcore test`'s worker at the shapes (one case per shape: this causal mode, this
+    dtype, seeds from `seed`), and with bench `flashcore bench`'s (cold) at the first shape."""
+    from flashcore_cli.registry.shapes import Case
+    from flashcore_cli.registry.variants import load_registry
+
+    bench_case = Case(shapes[0], causal, seed, dtype=dtype)
+
+    def load():
+        reg = load_registry(registry_path)
+        return reg, reg.get(variant_name)
+
+    def check(reg, variant):
+        from flashcore_cli.check.correctness import plan_cases, run_variant
+
+        cases = plan_cases(variant, shapes, seed, causal_modes=(causal,), dtypes=(dtype,))
+        return run_variant(reg, variant, cases, arch=arch, timeout=timeout)
+
+    def time_it(reg, variant):
+        from flashcore_cli.measure.bench import bench_variant
+
+        row = bench_variant(reg, variant, bench_case, arch=arch, reps=reps, warmup=10, timeout=timeout, modes=("cold",))["cold"]
+        if row.median:
+            return row.median, ""
+        return None, f"not timed: {row.status} {(row.detail or '').splitlines()[0] if row.detail else ''}".strip()
+
+    def sdpa():
+        from flashcore_cli.measure.bench import bench_references, sdpa_median
+
+        rows, _ = bench_references(bench_case, reps=reps, warmup=10, timeout=timeout, modes=("cold",))
+        return sdpa_median(rows["cold"])
+
+    return WatchSteps(load, check, resources_of, time_it if bench else None, sdpa if bench else None)
+
+
+def resources_of(built: dict) -> list[KernelResources]:
+    """The kernels' ptxas resources of a build, from its build.json (the worker's event names the folder)."""
+    info = json.loads((Path(built["directory"]) / "build.json").read_text())
+    return [KernelResources(**r) for r in info.get("resources", [])]
