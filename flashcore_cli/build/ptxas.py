@@ -320,18 +320,51 @@ def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | N
     return report
 
 
+# nvcc: "file(12): error: ..."; then the source line and a caret under it. gcc / clang: "file:12:5: error: ...",
+# then "   12 |   code" and "      |   ^~~". A caret line is only carets, tildes, spaces and gcc's gutter.
+_ERROR = re.compile(r"\berror\b", re.IGNORECASE)
+_CARET = re.compile(r"^\s*(?:\d*\s*\|)?\s*[\^~][\^~ ]*$")
+_LINKER = re.compile(r"(undefined reference to .*|multiple definition of .*)$")
+_CONTRACT = re.compile(r"undefined reference to .(flashcore_\w+)")
+
+
 def first_errors(output: str, limit: int = 12) -> str:
-    """The compiler's first error lines (with a little context), not the whole log."""
+    """The compiler's first errors, not the whole log: each error line with the source line and the caret
+    under it, and the linker's "undefined reference" lines (a .cu that lacks a contract function); a repeated
+    error once. At most `limit` lines, whole errors only (the first always)."""
     lines = output.splitlines()
+    blocks: list[list[str]] = []
+    seen: set[str] = set()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        block: list[str] = []
+        if m := _LINKER.search(line):
+            block = [m.group(1)]  # without the temporary object file's name before it
+        elif _ERROR.search(line) and not _CARET.match(line):
+            block = [line]
+            after = lines[i + 1 : i + 3]
+            if len(after) == 2 and after[0].strip() and _CARET.match(after[1]) and not _ERROR.search(after[0]):
+                block += after
+            elif after and _CARET.match(after[0]):
+                block.append(after[0])
+        if not block:
+            i += 1
+            continue
+        i += len(block) if not _LINKER.search(line) else 1
+        key = "\n".join(b.strip() for b in block)
+        if key not in seen:
+            seen.add(key)
+            blocks.append(block)
     picked: list[str] = []
-    for i, line in enumerate(lines):
-        if re.search(r"\berror\b", line, re.IGNORECASE):
-            for extra in lines[i : i + 3]:
-                if extra not in picked:
-                    picked.append(extra)
-        if len(picked) >= limit:
+    for block in blocks:
+        if picked and len(picked) + len(block) > limit:
             break
-    return "\n".join(picked[:limit]) or "\n".join(lines[-limit:])
+        picked += block
+    missing = sorted({m.group(1) for m in _CONTRACT.finditer(output)})
+    if missing:
+        picked.append(f"(no definition of {', '.join(missing)}: each variant's .cu defines the contract of kernels/flashcore.h)")
+    return "\n".join(picked) or "\n".join(lines[-limit:])
 
 
 def report_all(variants: list[Variant], archs: list[str], on_done=None) -> list[VariantReport]:
