@@ -46,7 +46,7 @@ def cmd_list(registry_path) -> int:
 
 # ---------------------------------------------------------------- build
 def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
-    from flashcore_cli.core.isolate import run_worker
+    from flashcore_cli.core.isolate import run_worker, stop_on_interrupt
 
     reg = load_registry(registry_path)
     variants = reg.select(names, all_)
@@ -62,7 +62,7 @@ def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
             spec = {"task": "build", "registry": str(reg.path), "variant": v.name, "arch": arch, "force": force}
             return v, run_worker(spec, run_timeout=60)
 
-        with ThreadPoolExecutor(max_workers=parallel) as pool:
+        with ThreadPoolExecutor(max_workers=parallel) as pool, stop_on_interrupt(pool):  # Ctrl-C: 130 at once
             for fut in as_completed([pool.submit(one, v) for v in variants]):
                 v, outcome = fut.result()
                 results[v.name] = outcome

@@ -9,13 +9,15 @@ registry entry that says otherwise, and a plan entry that names no kernel ptxas 
 
 A variant that lists its archs (archs: [sm_90a]) is compiled for the target it lists for an asked arch
 (sm_90 -> sm_90a), and reported as not built for an arch it does not run on.
+
+The compilers run through isolate.run_tool: in sessions of their own, killed at once on Ctrl-C (exit 130),
+and a compiler that died of SIGINT is an interruption, never a "compile failed" row.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from flashcore_cli.registry.archs import ArchLimits, limits
 from flashcore_cli.build.cache import cache_key
+from flashcore_cli.core.isolate import run_tool, stop_on_interrupt
 from flashcore_cli.core.records import cache_root
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.registry.variants import Variant
@@ -301,13 +304,13 @@ def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | N
             f"-I{variant.kernels_dir}", "-o", str(exe), *map(str, variant.sources), str(main),
         ]  # fmt: skip
         start = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = run_tool(cmd)
         report.compile_seconds = time.perf_counter() - start
         if proc.returncode != 0:
             report.error = first_errors(proc.stdout + proc.stderr)
             return report
         report.kernels = parse_ptxas(proc.stdout + proc.stderr)
-        run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+        run = run_tool([str(exe)], timeout=60)
         if run.returncode != 0:
             report.error = f"the probe (flashcore_plan) failed: {run.stderr.strip() or run.returncode}"
             return report
@@ -387,7 +390,7 @@ def report_all(variants: list[Variant], archs: list[str], on_done=None) -> list[
     if not jobs:
         return [results[(v.name, a)] for v, a, _ in rows]
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with ThreadPoolExecutor(max_workers=workers) as pool, stop_on_interrupt(pool):
         futures = {pool.submit(compile_probe, v, a): (v.name, a) for v, a in jobs}
         for fut in as_completed(futures):
             name, arch = futures[fut]

@@ -14,7 +14,6 @@ with no GPU (sm_90) disassembles its sm_90a code.
 from __future__ import annotations
 
 import re
-import subprocess
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from pathlib import Path
 from flashcore_cli.build.cudatools import env_with_nvdisasm, require
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.build.ptxas import first_errors
+from flashcore_cli.core.isolate import run_tool
 from flashcore_cli.registry.variants import Variant
 from flashcore_cli.build.toolchain import BASE_NVCC_FLAGS, define_flags, demangle, find_nvcc, gencode
 
@@ -100,13 +100,13 @@ def compile_cubin(variant: Variant, source: Path, arch: str, out: Path) -> None:
         find_nvcc(), *BASE_NVCC_FLAGS, gencode(arch), "-cubin", *variant.flags, *define_flags(variant.defines),
         f"-I{variant.kernels_dir}", "-o", str(out), str(source),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = run_tool(cmd)
     if proc.returncode != 0:
         raise FlashcoreError(f"{variant.name}: nvcc -cubin failed for {source.name}:\n{first_errors(proc.stdout + proc.stderr)}", exit_code=1)
 
 
 def disassemble(cuobjdump: Path, cubin: Path) -> str:
-    proc = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, env=env_with_nvdisasm(cuobjdump))
+    proc = run_tool([str(cuobjdump), "-sass", str(cubin)], env=env_with_nvdisasm(cuobjdump))
     if proc.returncode != 0:
         message = (proc.stderr or proc.stdout).strip()
         if "nvdisasm" in message:
