@@ -47,10 +47,12 @@ def cmd_list(registry_path) -> int:
 # ---------------------------------------------------------------- build
 def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
     from flashcore_cli.core.isolate import run_worker, stop_on_interrupt
+    from flashcore_cli.core.records import usable_cache
 
     reg = load_registry(registry_path)
     variants = reg.select(names, all_)
     arch = parse_arch(arch) if arch else parse_archs(None)[0]
+    usable_cache()
     require_cuda_torch()
     parallel = max(1, min(len(variants), os.cpu_count() or 1, 4))
     os.environ.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 1) // parallel)))
@@ -90,6 +92,18 @@ def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
     return 1 if failed else 0
 
 
+def _usable_paths(json_path, results: bool = False) -> None:
+    """The cache the builds write, the results folder and the --json file, checked before any work (one line,
+    exit 2)."""
+    from flashcore_cli.core.records import RESULTS_ENV, output_file, results_dir, usable_cache, usable_folder
+
+    usable_cache()
+    if results:
+        usable_folder(results_dir(), RESULTS_ENV, "results")
+    if json_path:
+        output_file(json_path, "--json")
+
+
 def _build_word(outcome) -> str:
     built = outcome.find("built")
     if built:
@@ -99,12 +113,16 @@ def _build_word(outcome) -> str:
 
 # ---------------------------------------------------------------- ptxas
 def cmd_ptxas(registry_path, names, all_, arch_text, json_path, fail_on_spill) -> int:
-    from flashcore_cli.check.correctness import write_json
+    import json
+
     from flashcore_cli.build.ptxas import report_all
+    from flashcore_cli.core.records import output_file, write_output
 
     reg = load_registry(registry_path)
     variants = reg.select(names, all_)
     archs = parse_archs(arch_text)
+    if json_path:
+        output_file(json_path, "--json")  # a folder or an unwritable path: refused before the compiles
     with progress() as bar:
         task = bar.add_task(f"nvcc -Xptxas -v: {len(variants)} variant(s) x {', '.join(archs)}", total=len(variants) * len(archs))
         reports = report_all(variants, archs, on_done=lambda r: bar.advance(task))
@@ -135,7 +153,7 @@ def cmd_ptxas(registry_path, names, all_, arch_text, json_path, fail_on_spill) -
             )  # fmt: skip
     console.print(table)
     if json_path:
-        write_json(json_path, {"kind": "flashcore-ptxas", "reports": [r.as_dict() for r in reports]})
+        write_output(json_path, json.dumps({"kind": "flashcore-ptxas", "reports": [r.as_dict() for r in reports]}, indent=1, default=str), "--json")
         console.print(f"wrote {json_path}")
     if errors:
         err_console.print(f"[red]{errors} compile(s) failed[/]")
@@ -160,6 +178,7 @@ def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, 
     shapes = parse_shapes(shapes_text)
     if timeout <= 0:
         raise FlashcoreError("--timeout must be positive (seconds)")
+    _usable_paths(json_path)
     require_gpu("test")
     arch = parse_arch(arch) if arch else parse_archs(None)[0]
     seed = seed if seed is not None else new_seed()
@@ -245,6 +264,7 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
         raise FlashcoreError("--warmup must be at least 1")
     if timeout <= 0:
         raise FlashcoreError("--timeout must be positive (seconds)")
+    _usable_paths(json_path, results=True)
     require_gpu("bench")
     arch = parse_arch(arch) if arch else parse_archs(None)[0]
     seed = seed if seed is not None else new_seed()

@@ -26,7 +26,7 @@ from pathlib import Path
 from flashcore_cli.registry.archs import ArchLimits, limits
 from flashcore_cli.build.cache import cache_key
 from flashcore_cli.core.isolate import run_tool, stop_on_interrupt
-from flashcore_cli.core.records import cache_root
+from flashcore_cli.core.records import usable_cache
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.registry.variants import Variant
 from flashcore_cli.build.toolchain import BASE_NVCC_FLAGS, define_flags, demangle, find_nvcc, gencode
@@ -279,8 +279,9 @@ def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | N
     import time
 
     arch = variant.build_target(arch)
+    cache = usable_cache()
     key = cache_key(variant, arch, for_build=False, extra_defines=extra_defines)
-    cached = cache_root() / "ptxas" / f"{variant.name}-{arch}-{key}.json"
+    cached = cache / "ptxas" / f"{variant.name}-{arch}-{key}.json"
     if cached.is_file():
         data = json.loads(cached.read_text())
         report = VariantReport(variant.name, arch, compile_seconds=data["compile_seconds"])

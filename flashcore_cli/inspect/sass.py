@@ -135,10 +135,13 @@ def run_sass(registry_path, name: str, arch_text: str | None, out: str | None) -
 
     from flashcore_cli.registry.archs import parse_arch, parse_archs
     from flashcore_cli.core.console import console, short_kernel
+    from flashcore_cli.core.records import output_file, write_output
     from flashcore_cli.registry.variants import load_registry
 
     variant = load_registry(registry_path).get(name)
     arch = variant.build_target(parse_arch(arch_text) if arch_text else parse_archs(None)[0])
+    if out:
+        output_file(out, "--out")  # a folder or an unwritable path: refused before the compile
     with console.status(f"nvcc -cubin {variant.name} for {arch}, cuobjdump -sass"):
         text, kernels = variant_sass(variant, arch)
     if not kernels:
@@ -161,7 +164,7 @@ def run_sass(registry_path, name: str, arch_text: str | None, out: str | None) -
     console.print("HMMA/HGMMA: tensor-core MMAs; LDSM: ldmatrix; LDGSTS: cp.async; TMA: UTMALDG/UBLKCP; "
                   "LDL/STL: local memory (spills or indexed arrays); bits x n: access width x count")  # fmt: skip
     if out:
-        Path(out).write_text(text)
+        write_output(out, text, "--out")
         console.print(f"full listing: {out}")
     else:
         console.print(f"full listing: `flashcore sass {variant.name} --arch {arch} --out {variant.name}.sass`")
