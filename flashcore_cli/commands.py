@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
+from rich.markup import escape
 from rich.table import Table
 
 from flashcore_cli.build.toolchain import require_cuda_torch
@@ -115,7 +116,7 @@ def _build_word(outcome) -> str:
 def cmd_ptxas(registry_path, names, all_, arch_text, json_path, fail_on_spill) -> int:
     import json
 
-    from flashcore_cli.build.ptxas import report_all
+    from flashcore_cli.build.ptxas import TRIVIAL_REGISTERS, report_all
     from flashcore_cli.core.records import output_file, write_output
 
     reg = load_registry(registry_path)
@@ -146,12 +147,16 @@ def cmd_ptxas(registry_path, names, all_, arch_text, json_path, fail_on_spill) -
                 spills += 1
                 spill = f"[bold red]{spill}[/]"
             occ = "-" if k.ctas_per_sm is None else f"{k.ctas_per_sm} ({k.limiter})"
+            regs = f"[bold yellow]{k.registers}[/]" if r.warnings and k.registers <= TRIVIAL_REGISTERS and not k.static_smem else str(k.registers)
             table.add_row(
-                r.variant, short_kernel(k.kernel), r.arch, str(k.registers), _kb(k.static_smem),
+                r.variant, short_kernel(k.kernel), r.arch, regs, _kb(k.static_smem),
                 "-" if k.dynamic_smem is None else _kb(k.dynamic_smem), spill, f"{k.stack_frame} B",
                 "-" if k.threads is None else str(k.threads), occ,
             )  # fmt: skip
     console.print(table)
+    for r in reports:
+        for warning in r.warnings:
+            err_console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     if json_path:
         write_output(json_path, json.dumps({"kind": "flashcore-ptxas", "reports": [r.as_dict() for r in reports]}, indent=1, default=str), "--json")
         console.print(f"wrote {json_path}")

@@ -10,6 +10,10 @@ registry entry that says otherwise, and a plan entry that names no kernel ptxas 
 A variant that lists its archs (archs: [sm_90a]) is compiled for the target it lists for an asked arch
 (sm_90 -> sm_90a), and reported as not built for an arch it does not run on.
 
+A kernel whose body compiled to (almost) nothing is flagged (empty_body_warnings): the usual cause is a
+variant written for an arch-specific target (wgmma, setmaxnreg under #if __CUDA_ARCH_FEAT_SM90_ALL) whose
+entry does not list that target, built for plain sm_90. Everything "works" then, on an empty kernel.
+
 The compilers run through isolate.run_tool: in sessions of their own, killed at once on Ctrl-C (exit 130),
 and a compiler that died of SIGINT is an interruption, never a "compile failed" row.
 """
@@ -37,6 +41,16 @@ _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) b
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
 _BARRIERS = re.compile(r"used (\d+) barriers")
+
+# A kernel compiled to (almost) nothing. The one cause seen so far: an arch-specific body compiled out, e.g. v12
+# (FlashAttention-3: wgmma and setmaxnreg under #if __CUDA_ARCH_FEAT_SM90_ALL) built for plain sm_90 by an
+# entry without `archs: [sm_90a]`: ptxas reports 4-18 registers and no static shared memory per kernel, sass
+# 49-158 instructions and no MMA. Every real rung of the ladder uses 96-254 registers and 512-5356 SASS
+# instructions (sm_89 and sm_90), so these thresholds sit far from both. A warning, never a failure: a toy
+# kernel (tests/fixtures' hang and fault) is small on purpose.
+TRIVIAL_REGISTERS = 24  # ptxas: at most this many registers, and no static shared memory
+TRIVIAL_INSTRUCTIONS = 256  # sass: fewer SASS instructions than this (NOPs aside), and no HMMA/HGMMA
+_ARCH_FEATURE_MACRO = re.compile(r"__CUDA_ARCH_FEAT_SM(\d+)_ALL|__CUDA_ARCH_(?:FAMILY_)?SPECIFIC__")
 
 # Head dims the probe asks flashcore_plan about: every one a kernel could plausibly declare.
 PROBE_HEAD_DIMS = range(1, 513)
@@ -113,6 +127,7 @@ class VariantReport:
     error: str = ""
     not_built: str = ""  # why the variant is not built for this arch (its registry archs exclude it)
     declared: Declared | None = None
+    warnings: list[str] = field(default_factory=list)  # e.g. kernels that look empty (empty_body_warnings)
 
     def as_dict(self) -> dict:
         return {
@@ -123,6 +138,7 @@ class VariantReport:
             "not_built": self.not_built,
             "kernels": [asdict(k) | {"spills": k.spills} for k in self.kernels],
             "declared": asdict(self.declared) if self.declared else None,
+            "warnings": self.warnings,
         }
 
 
@@ -273,6 +289,62 @@ def check_declared(variant: Variant, report: VariantReport) -> None:
             )
 
 
+def _trivial_resources(k: KernelResources) -> bool:
+    return k.registers <= TRIVIAL_REGISTERS and k.static_smem == 0
+
+
+def empty_body_warnings(variant: Variant, arch: str, kernels: list, what: str) -> list[str]:
+    """One warning line for the kernels of `variant` built for `arch` that look empty (ptxas: few registers
+    and no static shared memory; sass: few instructions and no MMA), naming them and the likely cause."""
+    if not kernels:
+        return []
+    from flashcore_cli.registry.archs import ARCH_SPECIFIC
+
+    names = [kernel_base_name(k.kernel) for k in kernels]
+    shown = f"{names[0]} and {len(names) - 1} more kernel(s) look" if len(names) > 1 else f"{names[0]} looks"
+    if what == "ptxas":
+        regs = sorted({k.registers for k in kernels})
+        size = f"{regs[0]}-{regs[-1]}" if len(regs) > 1 else f"{regs[0]}"
+        looks = f"{size} registers and no static shared memory"
+    else:
+        counts = sorted({k.total for k in kernels})
+        size = f"{counts[0]}-{counts[-1]}" if len(counts) > 1 else f"{counts[0]}"
+        looks = f"{size} SASS instructions and no tensor-core MMA"
+    guard = _arch_feature_guard(variant)
+    listed = f"archs: [{', '.join(variant.archs)}]" if variant.archs else "no archs"
+    if guard and arch not in ARCH_SPECIFIC:
+        macro, where, target = guard
+        cause = (f"likely its arch-specific body compiled out: {where} tests {macro}, which only a build for {target or 'an arch-specific target'} "
+                 f"defines, and variants.yaml gives {variant.name} {listed}, so it was built for plain {arch}"
+                 + (f" (add `archs: [{target}]` to its entry)" if target else ""))  # fmt: skip
+    else:
+        cause = (f"likely an arch-specific body compiled out (an #if on __CUDA_ARCH__ or __CUDA_ARCH_FEAT_* that is false "
+                 f"for {arch}; variants.yaml gives {variant.name} {listed})")  # fmt: skip
+    return [f"{variant.name} ({arch}): {shown} empty ({looks}): {cause}"]
+
+
+def _arch_feature_guard(variant: Variant) -> tuple[str, str, str | None] | None:
+    """(the macro, the file, the target that defines it) of the first arch-specific feature test in the
+    variant's sources and the headers they include, or None."""
+    from flashcore_cli.build.cache import source_closure
+    from flashcore_cli.registry.archs import ARCH_SPECIFIC
+
+    try:
+        files = source_closure(list(variant.sources), [variant.kernels_dir])
+    except OSError:
+        return None
+    for f in files:
+        try:
+            m = _ARCH_FEATURE_MACRO.search(f.read_text(errors="replace"))
+        except OSError:
+            continue
+        if m:
+            target = f"sm_{m.group(1)}a" if m.group(1) and f"sm_{m.group(1)}a" in ARCH_SPECIFIC else None
+            where = str(f.relative_to(variant.root)) if f.is_relative_to(variant.root) else str(f)
+            return m.group(0), where, target
+    return None
+
+
 def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | None = None) -> VariantReport:
     """ptxas -v and flashcore_plan for one variant on one arch, or the arch-specific target it lists for that
     arch (cached by content key)."""
@@ -291,6 +363,7 @@ def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | N
             report.declared = Declared(tuple(raw["head_dims"]), raw["dtypes"], raw["features"],
                                        [tuple(p) for p in raw["plans"]], [tuple(t) for t in raw["too_many_plans"]])  # fmt: skip
         check_declared(variant, report)
+        report.warnings = empty_body_warnings(variant, arch, [k for k in report.kernels if _trivial_resources(k)], "ptxas")
         return report
 
     nvcc = find_nvcc()
@@ -317,6 +390,7 @@ def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | N
             return report
     report.declared = parse_probe(run.stdout)
     check_declared(variant, report)
+    report.warnings = empty_body_warnings(variant, arch, [k for k in report.kernels if _trivial_resources(k)], "ptxas")
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp_file = cached.with_suffix(f".{id(report)}.tmp")
     tmp_file.write_text(json.dumps(report.as_dict()))

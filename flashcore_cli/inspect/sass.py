@@ -8,7 +8,9 @@ for TMA), global loads and stores by width (LDG/STG: 128-bit is what a tuned ker
 (LDL/STL: spills or dynamically indexed arrays) and barriers (BAR).
 
 A variant that lists an arch-specific target (archs: [sm_90a]) is compiled for it: `flashcore sass v12`
-with no GPU (sm_90) disassembles its sm_90a code.
+with no GPU (sm_90) disassembles its sm_90a code. A kernel of fewer than ptxas.TRIVIAL_INSTRUCTIONS
+instructions with no MMA is flagged with a warning naming the likely cause (an arch-specific body compiled
+out: ptxas.empty_body_warnings); the real rungs have 512 and more.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from flashcore_cli.build.cudatools import env_with_nvdisasm, require
 from flashcore_cli.core.errors import FlashcoreError
-from flashcore_cli.build.ptxas import first_errors
+from flashcore_cli.build.ptxas import TRIVIAL_INSTRUCTIONS, empty_body_warnings, first_errors
 from flashcore_cli.core.isolate import run_tool
 from flashcore_cli.registry.variants import Variant
 from flashcore_cli.build.toolchain import BASE_NVCC_FLAGS, define_flags, demangle, find_nvcc, gencode
@@ -65,6 +67,10 @@ class KernelSass:
                 bits = [_WIDTH_TOKENS[p] for p in parts[1:] if p in _WIDTH_TOKENS]
                 out[bits[-1] if bits else 32] += n
         return out
+
+    def looks_empty(self) -> bool:
+        """Too few instructions, and no tensor-core MMA, for an attention kernel (see ptxas.TRIVIAL_INSTRUCTIONS)."""
+        return self.total < TRIVIAL_INSTRUCTIONS and not self.count("HMMA", "HGMMA")
 
     def mix(self) -> dict:
         d = {col: self.count(*ops) for col, ops in MIX_COLUMNS.items()}
@@ -133,8 +139,10 @@ def variant_sass(variant: Variant, arch: str) -> tuple[str, list[KernelSass]]:
 def run_sass(registry_path, name: str, arch_text: str | None, out: str | None) -> int:
     from rich.table import Table
 
+    from rich.markup import escape
+
     from flashcore_cli.registry.archs import parse_arch, parse_archs
-    from flashcore_cli.core.console import console, short_kernel
+    from flashcore_cli.core.console import console, err_console, short_kernel
     from flashcore_cli.core.records import output_file, write_output
     from flashcore_cli.registry.variants import load_registry
 
@@ -159,10 +167,13 @@ def run_sass(registry_path, name: str, arch_text: str | None, out: str | None) -
             n = k.count(*ops)
             cells.append(f"[bold red]{n}[/]" if col == "LDL/STL" and n else str(n))
         widths = [", ".join(f"{bits}x{n}" for bits, n in sorted(k.widths(b).items(), reverse=True)) or "0" for b in WIDTH_COLUMNS]
-        table.add_row(short_kernel(k.kernel), str(k.total), *cells, *widths)
+        total = f"[bold yellow]{k.total}[/]" if k.looks_empty() else str(k.total)
+        table.add_row(short_kernel(k.kernel), total, *cells, *widths)
     console.print(table)
     console.print("HMMA/HGMMA: tensor-core MMAs; LDSM: ldmatrix; LDGSTS: cp.async; TMA: UTMALDG/UBLKCP; "
                   "LDL/STL: local memory (spills or indexed arrays); bits x n: access width x count")  # fmt: skip
+    for warning in empty_body_warnings(variant, arch, [k for k in kernels if k.looks_empty()], "sass"):
+        err_console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     if out:
         write_output(out, text, "--out")
         console.print(f"full listing: {out}")
