@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
+from rich.markup import escape
 from rich.table import Table
 
 from flashcore_cli.build.toolchain import require_cuda_torch
@@ -53,11 +54,13 @@ def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
 
     from flashcore_cli.build.jit import find_cached
     from flashcore_cli.build.tuned import has_tuned
-    from flashcore_cli.core.isolate import WorkerOutcome, run_worker
+    from flashcore_cli.core.isolate import WorkerOutcome, run_worker, stop_on_interrupt
+    from flashcore_cli.core.records import usable_cache
 
     reg = load_registry(registry_path)
     variants = reg.select(names, all_)
     arch = parse_arch(arch) if arch else parse_archs(None)[0]
+    usable_cache()
     require_cuda_torch()
     results = {}
     for v in variants:  # not with a tuned winner stored: which applies depends on the GPU's name (torch's)
@@ -76,7 +79,7 @@ def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
                 spec = {"task": "build", "registry": str(reg.path), "variant": v.name, "arch": arch, "force": force}
                 return v, run_worker(spec, run_timeout=60)
 
-            with ThreadPoolExecutor(max_workers=parallel) as pool:
+            with ThreadPoolExecutor(max_workers=parallel) as pool, stop_on_interrupt(pool):  # Ctrl-C: 130 at once
                 for fut in as_completed([pool.submit(one, v) for v in todo]):
                     v, outcome = fut.result()
                     results[v.name] = outcome
@@ -103,6 +106,18 @@ def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
     return 1 if failed else 0
 
 
+def _usable_paths(json_path, results: bool = False) -> None:
+    """The cache the builds write, the results folder and the --json file, checked before any work (one line,
+    exit 2)."""
+    from flashcore_cli.core.records import RESULTS_ENV, output_file, results_dir, usable_cache, usable_folder
+
+    usable_cache()
+    if results:
+        usable_folder(results_dir(), RESULTS_ENV, "results")
+    if json_path:
+        output_file(json_path, "--json")
+
+
 def _build_word(outcome) -> str:
     """'cached' (found by the CLI, not loaded), 'cached, load 0.05 s' (loaded by a worker), 'built in 4.1 s'
     (+ the shared binding's compile when this build made it)."""
@@ -119,12 +134,16 @@ def _build_word(outcome) -> str:
 
 # ---------------------------------------------------------------- ptxas
 def cmd_ptxas(registry_path, names, all_, arch_text, json_path, fail_on_spill) -> int:
-    from flashcore_cli.check.correctness import write_json
-    from flashcore_cli.build.ptxas import report_all
+    import json
+
+    from flashcore_cli.build.ptxas import TRIVIAL_REGISTERS, report_all
+    from flashcore_cli.core.records import output_file, write_output
 
     reg = load_registry(registry_path)
     variants = reg.select(names, all_)
     archs = parse_archs(arch_text)
+    if json_path:
+        output_file(json_path, "--json")  # a folder or an unwritable path: refused before the compiles
     with progress() as bar:
         task = bar.add_task(f"nvcc -Xptxas -v: {len(variants)} variant(s) x {', '.join(archs)}", total=len(variants) * len(archs))
         reports = report_all(variants, archs, on_done=lambda r: bar.advance(task))
@@ -148,14 +167,18 @@ def cmd_ptxas(registry_path, names, all_, arch_text, json_path, fail_on_spill) -
                 spills += 1
                 spill = f"[bold red]{spill}[/]"
             occ = "-" if k.ctas_per_sm is None else f"{k.ctas_per_sm} ({k.limiter})"
+            regs = f"[bold yellow]{k.registers}[/]" if r.warnings and k.registers <= TRIVIAL_REGISTERS and not k.static_smem else str(k.registers)
             table.add_row(
-                r.variant, short_kernel(k.kernel), r.arch, str(k.registers), _kb(k.static_smem),
+                r.variant, short_kernel(k.kernel), r.arch, regs, _kb(k.static_smem),
                 "-" if k.dynamic_smem is None else _kb(k.dynamic_smem), spill, f"{k.stack_frame} B",
                 "-" if k.threads is None else str(k.threads), occ,
             )  # fmt: skip
     console.print(table)
+    for r in reports:
+        for warning in r.warnings:
+            err_console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     if json_path:
-        write_json(json_path, {"kind": "flashcore-ptxas", "reports": [r.as_dict() for r in reports]})
+        write_output(json_path, json.dumps({"kind": "flashcore-ptxas", "reports": [r.as_dict() for r in reports]}, indent=1, default=str), "--json")
         console.print(f"wrote {json_path}")
     if errors:
         err_console.print(f"[red]{errors} compile(s) failed[/]")
@@ -180,6 +203,7 @@ def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, 
     shapes = parse_shapes(shapes_text)
     if timeout <= 0:
         raise FlashcoreError("--timeout must be positive (seconds)")
+    _usable_paths(json_path)
     require_gpu("test")
     arch = parse_arch(arch) if arch else parse_archs(None)[0]
     seed = seed if seed is not None else new_seed()
@@ -266,6 +290,7 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
         raise FlashcoreError("--warmup must be at least 1")
     if timeout <= 0:
         raise FlashcoreError("--timeout must be positive (seconds)")
+    _usable_paths(json_path, results=True)
     require_gpu("bench")
     arch = parse_arch(arch) if arch else parse_archs(None)[0]
     seed = seed if seed is not None else new_seed()

@@ -3,6 +3,11 @@ tile included, causal and not, every head dim it declares) in one isolated worke
 launch checked against the fp32 reference.
 
     python3 scripts/stress.py v9 v10 --launches 2000 --timeout 600
+
+Exit codes as flashcore's (README, "Exit codes"): 0 every launch OK, 1 a launch failed, 2 bad input or a machine
+that cannot run it (an unknown variant, --launches 0, no GPU, a CPU build of torch: one line), 130 Ctrl-C.
+nvcc is found as flashcore finds it (PATH, or CUDA_HOME); the checks below run before the worker, so a CPU
+torch is named as the cause instead of torch's own "CUDA_HOME environment variable is not set".
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import sys
 
 from flashcore_cli.registry.archs import parse_archs
 from flashcore_cli.check.correctness import new_seed, run_variant
+from flashcore_cli.core.errors import EXIT_INTERRUPTED, FlashcoreError
 from flashcore_cli.registry.variants import load_registry
 from flashcore_cli.registry.shapes import Case, Shape
 
@@ -30,18 +36,27 @@ def random_cases(head_dims, launches: int, seed: int) -> list[Case]:
     return cases
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("variants", nargs="+")
-    parser.add_argument("--launches", type=int, default=2000)
-    parser.add_argument("--timeout", type=float, default=600.0)
-    parser.add_argument("--seed", type=int, default=None)
-    args = parser.parse_args()
-    registry = load_registry()
+def stress(args) -> int:
+    if args.launches < 1:
+        raise FlashcoreError(f"--launches {args.launches}: give at least 1 launch")
+    if not args.timeout > 0:
+        raise FlashcoreError(f"--timeout {args.timeout:g}: give a positive number of seconds")
+    registry = load_registry(args.registry)
+    variants = [registry.get(name) for name in args.variants]  # every name checked before any work
+    import torch
+
+    from flashcore_cli.build.toolchain import find_nvcc, require_cuda_torch
+    from flashcore_cli.core.records import usable_cache
+
+    find_nvcc()
+    require_cuda_torch()
+    if not torch.cuda.is_available():
+        raise FlashcoreError("scripts/stress.py runs kernels and needs a CUDA GPU; none is visible here")
+    usable_cache()
     seed = args.seed if args.seed is not None else new_seed()
     failed = False
-    for name in args.variants:
-        variant = registry.get(name)
+    for variant in variants:
+        name = variant.name
         cases = random_cases(variant.head_dims, args.launches, seed)
         outcome = run_variant(registry, variant, cases, arch=parse_archs(None)[0], timeout=args.timeout)
         counts: dict[str, int] = {}
@@ -54,6 +69,24 @@ def main() -> int:
             failed = True
             print(f"  {c.status} {c.case.label()} seed {c.case.seed}: {c.detail}")
     return 1 if failed else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("variants", nargs="+")
+    parser.add_argument("--launches", type=int, default=2000)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--registry", default=None, help="registry file (default: as flashcore finds it)")
+    args = parser.parse_args()
+    try:
+        return stress(args)
+    except FlashcoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

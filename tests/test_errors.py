@@ -15,9 +15,12 @@ runner = CliRunner(env={"COLUMNS": "200"})
 
 
 def one_line(result) -> str:
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1, result.output
+    """The message a failed command printed: its one line, whole (errors print with soft wrap). The dim
+    "registry: ... (found from the current directory)" line a command adds when its registry is not the
+    installed project's (a run from another checkout) is no part of it."""
     assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip() and not line.startswith("registry: ")]
+    assert len(lines) == 1, result.output
     return lines[0]
 
 

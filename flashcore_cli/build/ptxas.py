@@ -9,13 +9,19 @@ registry entry that says otherwise, and a plan entry that names no kernel ptxas 
 
 A variant that lists its archs (archs: [sm_90a]) is compiled for the target it lists for an asked arch
 (sm_90 -> sm_90a), and reported as not built for an arch it does not run on.
+
+A kernel whose body compiled to (almost) nothing is flagged (empty_body_warnings): the usual cause is a
+variant written for an arch-specific target (wgmma, setmaxnreg under #if __CUDA_ARCH_FEAT_SM90_ALL) whose
+entry does not list that target, built for plain sm_90. Everything "works" then, on an empty kernel.
+
+The compilers run through isolate.run_tool: in sessions of their own, killed at once on Ctrl-C (exit 130),
+and a compiler that died of SIGINT is an interruption, never a "compile failed" row.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -23,7 +29,8 @@ from pathlib import Path
 
 from flashcore_cli.registry.archs import ArchLimits, limits
 from flashcore_cli.build.cache import cache_key
-from flashcore_cli.core.records import cache_root
+from flashcore_cli.core.isolate import run_tool, stop_on_interrupt
+from flashcore_cli.core.records import usable_cache
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.registry.variants import Variant
 from flashcore_cli.build.toolchain import BASE_NVCC_FLAGS, define_flags, demangle, find_nvcc, gencode
@@ -34,6 +41,16 @@ _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) b
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
 _BARRIERS = re.compile(r"used (\d+) barriers")
+
+# A kernel compiled to (almost) nothing. The one cause seen so far: an arch-specific body compiled out, e.g. v12
+# (FlashAttention-3: wgmma and setmaxnreg under #if __CUDA_ARCH_FEAT_SM90_ALL) built for plain sm_90 by an
+# entry without `archs: [sm_90a]`: ptxas reports 4-18 registers and no static shared memory per kernel, sass
+# 49-158 instructions and no MMA. Every real rung of the ladder uses 96-254 registers and 512-5356 SASS
+# instructions (sm_89 and sm_90), so these thresholds sit far from both. A warning, never a failure: a toy
+# kernel (tests/fixtures' hang and fault) is small on purpose.
+TRIVIAL_REGISTERS = 24  # ptxas: at most this many registers, and no static shared memory
+TRIVIAL_INSTRUCTIONS = 256  # sass: fewer SASS instructions than this (NOPs aside), and no HMMA/HGMMA
+_ARCH_FEATURE_MACRO = re.compile(r"__CUDA_ARCH_FEAT_SM(\d+)_ALL|__CUDA_ARCH_(?:FAMILY_)?SPECIFIC__")
 
 # Head dims the probe asks flashcore_plan about: every one a kernel could plausibly declare.
 PROBE_HEAD_DIMS = range(1, 513)
@@ -112,6 +129,7 @@ class VariantReport:
     error: str = ""
     not_built: str = ""  # why the variant is not built for this arch (its registry archs exclude it)
     declared: Declared | None = None
+    warnings: list[str] = field(default_factory=list)  # e.g. kernels that look empty (empty_body_warnings)
 
     def as_dict(self) -> dict:
         return {
@@ -122,6 +140,7 @@ class VariantReport:
             "not_built": self.not_built,
             "kernels": [asdict(k) | {"spills": k.spills} for k in self.kernels],
             "declared": asdict(self.declared) if self.declared else None,
+            "warnings": self.warnings,
         }
 
 
@@ -279,14 +298,71 @@ def check_declared(variant: Variant, report: VariantReport) -> None:
             )
 
 
+def _trivial_resources(k: KernelResources) -> bool:
+    return k.registers <= TRIVIAL_REGISTERS and k.static_smem == 0
+
+
+def empty_body_warnings(variant: Variant, arch: str, kernels: list, what: str) -> list[str]:
+    """One warning line for the kernels of `variant` built for `arch` that look empty (ptxas: few registers
+    and no static shared memory; sass: few instructions and no MMA), naming them and the likely cause."""
+    if not kernels:
+        return []
+    from flashcore_cli.registry.archs import ARCH_SPECIFIC
+
+    names = [kernel_base_name(k.kernel) for k in kernels]
+    shown = f"{names[0]} and {len(names) - 1} more kernel(s) look" if len(names) > 1 else f"{names[0]} looks"
+    if what == "ptxas":
+        regs = sorted({k.registers for k in kernels})
+        size = f"{regs[0]}-{regs[-1]}" if len(regs) > 1 else f"{regs[0]}"
+        looks = f"{size} registers and no static shared memory"
+    else:
+        counts = sorted({k.total for k in kernels})
+        size = f"{counts[0]}-{counts[-1]}" if len(counts) > 1 else f"{counts[0]}"
+        looks = f"{size} SASS instructions and no tensor-core MMA"
+    guard = _arch_feature_guard(variant)
+    listed = f"archs: [{', '.join(variant.archs)}]" if variant.archs else "no archs"
+    if guard and arch not in ARCH_SPECIFIC:
+        macro, where, target = guard
+        cause = (f"likely its arch-specific body compiled out: {where} tests {macro}, which only a build for {target or 'an arch-specific target'} "
+                 f"defines, and variants.yaml gives {variant.name} {listed}, so it was built for plain {arch}"
+                 + (f" (add `archs: [{target}]` to its entry)" if target else ""))  # fmt: skip
+    else:
+        cause = (f"likely an arch-specific body compiled out (an #if on __CUDA_ARCH__ or __CUDA_ARCH_FEAT_* that is false "
+                 f"for {arch}; variants.yaml gives {variant.name} {listed})")  # fmt: skip
+    return [f"{variant.name} ({arch}): {shown} empty ({looks}): {cause}"]
+
+
+def _arch_feature_guard(variant: Variant) -> tuple[str, str, str | None] | None:
+    """(the macro, the file, the target that defines it) of the first arch-specific feature test in the
+    variant's sources and the headers they include, or None."""
+    from flashcore_cli.build.cache import source_closure
+    from flashcore_cli.registry.archs import ARCH_SPECIFIC
+
+    try:
+        files = source_closure(list(variant.sources), [variant.kernels_dir])
+    except OSError:
+        return None
+    for f in files:
+        try:
+            m = _ARCH_FEATURE_MACRO.search(f.read_text(errors="replace"))
+        except OSError:
+            continue
+        if m:
+            target = f"sm_{m.group(1)}a" if m.group(1) and f"sm_{m.group(1)}a" in ARCH_SPECIFIC else None
+            where = str(f.relative_to(variant.root)) if f.is_relative_to(variant.root) else str(f)
+            return m.group(0), where, target
+    return None
+
+
 def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | None = None) -> VariantReport:
     """ptxas -v and flashcore_plan for one variant on one arch, or the arch-specific target it lists for that
     arch (cached by content key)."""
     import time
 
     arch = variant.build_target(arch)
+    cache = usable_cache()
     key = cache_key(variant, arch, for_build=False, extra_defines=extra_defines)
-    cached = cache_root() / "ptxas" / f"{variant.name}-{arch}-{key}.json"
+    cached = cache / "ptxas" / f"{variant.name}-{arch}-{key}.json"
     if cached.is_file():
         data = json.loads(cached.read_text())
         report = VariantReport(variant.name, arch, compile_seconds=data["compile_seconds"])
@@ -296,6 +372,7 @@ def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | N
             report.declared = Declared(tuple(raw["head_dims"]), raw["dtypes"], raw["features"], raw["max_seq_len"],
                                        [tuple(p) for p in raw["plans"]], [tuple(t) for t in raw["too_many_plans"]])  # fmt: skip
         check_declared(variant, report)
+        report.warnings = empty_body_warnings(variant, arch, [k for k in report.kernels if _trivial_resources(k)], "ptxas")
         return report
 
     nvcc = find_nvcc()
@@ -310,18 +387,19 @@ def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | N
             f"-I{variant.kernels_dir}", "-o", str(exe), *map(str, variant.sources), str(main),
         ]  # fmt: skip
         start = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = run_tool(cmd)
         report.compile_seconds = time.perf_counter() - start
         if proc.returncode != 0:
             report.error = first_errors(proc.stdout + proc.stderr)
             return report
         report.kernels = parse_ptxas(proc.stdout + proc.stderr)
-        run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+        run = run_tool([str(exe)], timeout=60)
         if run.returncode != 0:
             report.error = f"the probe (flashcore_plan) failed: {run.stderr.strip() or run.returncode}"
             return report
     report.declared = parse_probe(run.stdout)
     check_declared(variant, report)
+    report.warnings = empty_body_warnings(variant, arch, [k for k in report.kernels if _trivial_resources(k)], "ptxas")
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp_file = cached.with_suffix(f".{id(report)}.tmp")
     tmp_file.write_text(json.dumps(report.as_dict()))
@@ -329,18 +407,51 @@ def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | N
     return report
 
 
+# nvcc: "file(12): error: ..."; then the source line and a caret under it. gcc / clang: "file:12:5: error: ...",
+# then "   12 |   code" and "      |   ^~~". A caret line is only carets, tildes, spaces and gcc's gutter.
+_ERROR = re.compile(r"\berror\b", re.IGNORECASE)
+_CARET = re.compile(r"^\s*(?:\d*\s*\|)?\s*[\^~][\^~ ]*$")
+_LINKER = re.compile(r"(undefined reference to .*|multiple definition of .*)$")
+_CONTRACT = re.compile(r"undefined reference to .(flashcore_\w+)")
+
+
 def first_errors(output: str, limit: int = 12) -> str:
-    """The compiler's first error lines (with a little context), not the whole log."""
+    """The compiler's first errors, not the whole log: each error line with the source line and the caret
+    under it, and the linker's "undefined reference" lines (a .cu that lacks a contract function); a repeated
+    error once. At most `limit` lines, whole errors only (the first always)."""
     lines = output.splitlines()
+    blocks: list[list[str]] = []
+    seen: set[str] = set()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        block: list[str] = []
+        if m := _LINKER.search(line):
+            block = [m.group(1)]  # without the temporary object file's name before it
+        elif _ERROR.search(line) and not _CARET.match(line):
+            block = [line]
+            after = lines[i + 1 : i + 3]
+            if len(after) == 2 and after[0].strip() and _CARET.match(after[1]) and not _ERROR.search(after[0]):
+                block += after
+            elif after and _CARET.match(after[0]):
+                block.append(after[0])
+        if not block:
+            i += 1
+            continue
+        i += len(block) if not _LINKER.search(line) else 1
+        key = "\n".join(b.strip() for b in block)
+        if key not in seen:
+            seen.add(key)
+            blocks.append(block)
     picked: list[str] = []
-    for i, line in enumerate(lines):
-        if re.search(r"\berror\b", line, re.IGNORECASE):
-            for extra in lines[i : i + 3]:
-                if extra not in picked:
-                    picked.append(extra)
-        if len(picked) >= limit:
+    for block in blocks:
+        if picked and len(picked) + len(block) > limit:
             break
-    return "\n".join(picked[:limit]) or "\n".join(lines[-limit:])
+        picked += block
+    missing = sorted({m.group(1) for m in _CONTRACT.finditer(output)})
+    if missing:
+        picked.append(f"(no definition of {', '.join(missing)}: each variant's .cu defines the contract of kernels/flashcore.h)")
+    return "\n".join(picked) or "\n".join(lines[-limit:])
 
 
 def report_all(variants: list[Variant], archs: list[str], on_done=None) -> list[VariantReport]:
@@ -363,7 +474,7 @@ def report_all(variants: list[Variant], archs: list[str], on_done=None) -> list[
     if not jobs:
         return [results[(v.name, a)] for v, a, _ in rows]
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with ThreadPoolExecutor(max_workers=workers) as pool, stop_on_interrupt(pool):
         futures = {pool.submit(compile_probe, v, a): (v.name, a) for v, a in jobs}
         for fut in as_completed(futures):
             name, arch = futures[fut]

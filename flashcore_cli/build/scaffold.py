@@ -6,6 +6,13 @@ written: idea, change from the previous rung, ptxas, measured), with its __globa
 copy's kernels are told apart from the original's in ptxas, sass and ncu output. A registry entry is
 appended to variants.yaml as text, so the file's comments and layout stay as they are.
 
+The entry carries every key of the source's entry that defines what the variant is and how it is built
+(flags, defines, head_dims, causal, archs, dtypes, features, tune, and any key added later), copied from
+the registry file itself; only what names or describes it is new (name, sources, summary, notes; aliases are
+not copied, they belong to the original). A copy of v12 without its `archs: [sm_90a]` would build for plain
+sm_90 with its body compiled out, and every command would still exit 0: after writing, the new entry is
+loaded back and compared with the source's, key by key, and a difference undoes the scaffold.
+
 Both files go next to the registry the command resolved (--registry, $FLASHCORE_REGISTRY, a variants.yaml
 in the current folder or a parent, the installed one): run in a copy of the project, `new` writes into the
 copy. The "next:" hint it prints names --registry when the registry would not be found from here.
@@ -21,6 +28,9 @@ from pathlib import Path
 from flashcore_cli.core.errors import FlashcoreError
 
 _IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+MAX_NAME = 64  # a variant's name becomes a file name (kernels/NAME.cu) and the prefix of its kernels' names
+# The keys of an entry that name or describe a variant; every other key defines it, and is carried by `new`.
+_NOT_CARRIED = {"name", "aliases", "sources", "summary", "notes"}
 _SKIPPED_BEFORE_NAME = {"void", "static", "inline", "__forceinline__", "__noinline__", "extern"}
 
 HEADER = """\
@@ -109,30 +119,82 @@ def scaffold_source(source: str, new: str, old: str) -> tuple[str, dict[str, str
     return header + body, renames
 
 
-def registry_entry(text: str, name: str, source_rel: str, variant) -> str:
-    """The YAML of the new entry, indented like the file's first entry."""
+def registry_entry(text: str, name: str, source_rel: str, variant, raw: dict | None = None) -> str:
+    """The YAML of the new entry, indented like the file's first entry: the source entry's defining keys
+    (`raw`, as the registry file has them; else rebuilt from `variant`), in its order, in flow style."""
     import json
 
     m = re.search(r"^([ \t]*)-[ \t]+name:", text, re.MULTILINE)
     dash = m.group(1) if m else "  "
     key = dash + "  "
+    carried = {k: v for k, v in (raw if raw is not None else _entry_of(variant)).items() if k not in _NOT_CARRIED}
     lines = [
         f"{dash}- name: {name}",
         f"{key}sources: [{source_rel}]",
         f'{key}summary: "Copy of {variant.name}, scaffolded by flashcore new: replace with the idea in one line"',
-        f"{key}head_dims: [{', '.join(map(str, variant.head_dims))}]",
-        f"{key}causal: {'true' if variant.causal else 'false'}",
     ]
-    if variant.flags:
-        lines.append(f"{key}flags: {json.dumps(list(variant.flags))}")
-    if variant.defines:
-        lines.append(f"{key}defines: {json.dumps(variant.defines)}")
-    if variant.tune.params:
-        lines += [f"{key}tune:", f"{key}  params: {json.dumps(variant.tune.params)}"]
-        if variant.tune.constraints:
-            lines += [f"{key}  constraints:", *(f"{key}    - {json.dumps(c)}" for c in variant.tune.constraints)]
+    for k, value in carried.items():
+        if k == "tune" and isinstance(value, dict):  # a block, one constraint a line, as the registry writes it
+            lines.append(f"{key}tune:")
+            for part, content in value.items():
+                if part == "constraints" and isinstance(content, list):
+                    lines += [f"{key}  constraints:", *(f"{key}    - {json.dumps(c)}" for c in content)]
+                else:
+                    lines.append(f"{key}  {part}: {_flow(content)}")
+        else:
+            lines.append(f"{key}{k}: {_flow(value)}")
     lines.append(f'{key}notes: "Scaffolded from {variant.name} by `flashcore new {name} --from {variant.name}`."')
     return "\n".join(lines) + "\n"
+
+
+def _flow(value) -> str:
+    """One YAML value on one line: [sm_90a], {NAME: 1}; a scalar as JSON (true, 64, "text"), which YAML reads
+    back the same."""
+    import json
+
+    import yaml
+
+    if isinstance(value, (list, dict)):
+        return yaml.safe_dump(value, default_flow_style=True, width=float("inf"), sort_keys=False).strip()
+    return json.dumps(value)
+
+
+def _entry_of(variant) -> dict:
+    """A variant's defining keys as the registry spells them (for a variant with no raw entry at hand)."""
+    entry: dict = {"head_dims": list(variant.head_dims), "causal": variant.causal}
+    if variant.flags:
+        entry["flags"] = list(variant.flags)
+    if variant.defines:
+        entry["defines"] = dict(variant.defines)
+    if variant.archs:
+        entry["archs"] = list(variant.archs)
+    if tuple(variant.dtypes) != ("fp16",):
+        entry["dtypes"] = list(variant.dtypes)
+    if variant.features:
+        entry["features"] = list(variant.features)
+    if variant.tune.params:
+        entry["tune"] = {"params": variant.tune.params, **({"constraints": variant.tune.constraints} if variant.tune.constraints else {})}
+    return entry
+
+
+def raw_entry(registry_text: str, name: str) -> dict | None:
+    """The source variant's entry as the registry file writes it (its keys, in order)."""
+    import yaml
+
+    data = yaml.safe_load(registry_text)
+    for entry in (data or {}).get("variants", []):
+        if isinstance(entry, dict) and entry.get("name") == name:
+            return entry
+    return None
+
+
+def differences(copy, original) -> list[str]:
+    """The defining fields of two variants that differ (every dataclass field but the naming ones)."""
+    from dataclasses import fields
+
+    naming = {"name", "aliases", "sources", "summary", "notes", "root"}
+    names = [f.name for f in fields(original) if f.name not in naming]
+    return [n for n in names if getattr(copy, n) != getattr(original, n)]
 
 
 def _identifier(name: str) -> str:
@@ -147,10 +209,23 @@ def plan_source(variant) -> Path:
     raise FlashcoreError(f"{variant.name}: none of its .cu sources defines flashcore_plan; nothing to copy")
 
 
+def read_source(path: Path) -> str:
+    """A kernel source as UTF-8 text, or one FlashcoreError naming the file and the byte."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FlashcoreError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); save it as UTF-8 to copy it") from None
+    except OSError as exc:
+        raise FlashcoreError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+
+
 def scaffold(registry_path, name: str, source_name: str) -> tuple[Path, Path, dict[str, str]]:
     from flashcore_cli.registry.variants import load_registry
 
     reg = load_registry(registry_path)
+    if len(name) > MAX_NAME:
+        raise FlashcoreError(f"a variant's name is at most {MAX_NAME} characters ('{name[:20]}...' has {len(name)}): "
+                             "it names kernels/NAME.cu and its kernels")  # fmt: skip
     if not _IDENTIFIER.match(name):
         raise FlashcoreError(f"'{name}' cannot name a variant's kernels: use letters, digits and '_', starting with a letter")
     taken = {label for v in reg.variants for label in (v.name, *v.aliases)}
@@ -160,17 +235,27 @@ def scaffold(registry_path, name: str, source_name: str) -> tuple[Path, Path, di
     target = reg.root / "kernels" / f"{name}.cu"
     if target.exists():
         raise FlashcoreError(f"{target} already exists; pick another name or remove it")
-    text, renames = scaffold_source(plan_source(src).read_text(), name, src.name)
+    text, renames = scaffold_source(read_source(plan_source(src)), name, src.name)
 
-    registry_text = reg.path.read_text()
+    registry_text = reg.path.read_text(encoding="utf-8")
     source_rel = Path(os.path.relpath(target, reg.path.parent)).as_posix()
-    entry = registry_entry(registry_text, name, source_rel, src)
-    target.write_text(text)
-    reg.path.write_text(registry_text.rstrip("\n") + "\n\n" + entry)
+    entry = registry_entry(registry_text, name, source_rel, src, raw_entry(registry_text, src.name))
     try:
-        load_registry(reg.path).get(name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise FlashcoreError(f"cannot write {target} ({exc.strerror or exc})") from None
+    try:
+        reg.path.write_text(registry_text.rstrip("\n") + "\n\n" + entry, encoding="utf-8")
+    except OSError as exc:
+        target.unlink()
+        raise FlashcoreError(f"cannot write {reg.path} ({exc.strerror or exc}); nothing was changed") from None
+    try:
+        lost = differences(load_registry(reg.path).get(name), src)
+        if lost:
+            raise FlashcoreError(f"the copy's {', '.join(lost)} would differ from {src.name}'s")
     except FlashcoreError as exc:  # leave the project as it was
-        reg.path.write_text(registry_text)
+        reg.path.write_text(registry_text, encoding="utf-8")
         target.unlink()
         raise FlashcoreError(f"the new entry did not validate, nothing was changed: {exc}") from None
     return target, reg.path, renames

@@ -6,6 +6,8 @@ Exit codes of every command (README, "Exit codes"):
     2    bad input or an unusable environment: a FlashcoreError (a typo, a broken registry or record, ...)
     3    an internal error: a bug in flashcore; one line, and the traceback in a log file
     130  interrupted (Ctrl-C)
+    141  the output went to a pipe that closed early (`flashcore list | head -1`): killed by SIGPIPE, quietly,
+         as cat and git are (cli.main)
 """
 
 EXIT_OK = 0
@@ -13,6 +15,7 @@ EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL_ERROR = 3
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a process killed by SIGPIPE (128 + 13)
 
 
 class FlashcoreError(Exception):

@@ -126,18 +126,24 @@ def folder_size(path: Path) -> tuple[int, int]:
 
 
 def storage_checks() -> list[Check]:
-    from flashcore_cli.core.records import cache_root
-    from flashcore_cli.core.records import results_dir
+    """The cache and the results folder: where they are, what they hold, and whether flashcore can write there
+    (a real write, so a read-only mount shows even to root; nothing is created)."""
+    from flashcore_cli.core.records import CACHE_ENV, RESULTS_ENV, cache_root, folder_problem, results_dir
 
     checks = []
-    for label, path, how in (("cache", cache_root(), "FLASHCORE_CACHE"), ("results", results_dir(), "FLASHCORE_RESULTS")):
-        if path.exists():
+    for label, path, how, needed in (("cache", cache_root(), CACHE_ENV, "build, ptxas, test, bench, sweep, tune"),
+                                     ("results", results_dir(), RESULTS_ENV, "bench, sweep, tune, sanitize, profile")):  # fmt: skip
+        shown = Path(os.path.abspath(path))
+        problem = folder_problem(path)
+        if problem:
+            checks.append(Check(label, False, f"{shown}: not writable: {problem}", f"set {how} to a folder flashcore can write", needed))
+        elif path.is_dir():
             size, files = folder_size(path)
             builds = len(list((path / "build").glob("*/build.json"))) if label == "cache" else None
             extra = f", {builds} build(s)" if builds is not None else ""
-            checks.append(Check(label, True, f"{path.resolve()}: {size / 2**20:.1f} MiB in {files} file(s){extra} (set {how} to move it)"))
+            checks.append(Check(label, True, f"{shown}: {size / 2**20:.1f} MiB in {files} file(s){extra} (set {how} to move it)"))
         else:
-            checks.append(Check(label, True, f"{path.resolve()} (empty so far; set {how} to move it)"))
+            checks.append(Check(label, True, f"{shown} (empty so far; set {how} to move it)"))
     return checks
 
 

@@ -8,13 +8,14 @@ for TMA), global loads and stores by width (LDG/STG: 128-bit is what a tuned ker
 (LDL/STL: spills or dynamically indexed arrays) and barriers (BAR).
 
 A variant that lists an arch-specific target (archs: [sm_90a]) is compiled for it: `flashcore sass v12`
-with no GPU (sm_90) disassembles its sm_90a code.
+with no GPU (sm_90) disassembles its sm_90a code. A kernel of fewer than ptxas.TRIVIAL_INSTRUCTIONS
+instructions with no MMA is flagged with a warning naming the likely cause (an arch-specific body compiled
+out: ptxas.empty_body_warnings); the real rungs have 512 and more.
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,7 +23,8 @@ from pathlib import Path
 
 from flashcore_cli.build.cudatools import env_with_nvdisasm, require
 from flashcore_cli.core.errors import FlashcoreError
-from flashcore_cli.build.ptxas import first_errors
+from flashcore_cli.build.ptxas import TRIVIAL_INSTRUCTIONS, empty_body_warnings, first_errors
+from flashcore_cli.core.isolate import run_tool
 from flashcore_cli.registry.variants import Variant
 from flashcore_cli.build.toolchain import BASE_NVCC_FLAGS, define_flags, demangle, find_nvcc, gencode
 
@@ -66,6 +68,10 @@ class KernelSass:
                 out[bits[-1] if bits else 32] += n
         return out
 
+    def looks_empty(self) -> bool:
+        """Too few instructions, and no tensor-core MMA, for an attention kernel (see ptxas.TRIVIAL_INSTRUCTIONS)."""
+        return self.total < TRIVIAL_INSTRUCTIONS and not self.count("HMMA", "HGMMA")
+
     def mix(self) -> dict:
         d = {col: self.count(*ops) for col, ops in MIX_COLUMNS.items()}
         d.update({base: dict(sorted(self.widths(base).items(), reverse=True)) for base in WIDTH_COLUMNS})
@@ -100,13 +106,13 @@ def compile_cubin(variant: Variant, source: Path, arch: str, out: Path) -> None:
         find_nvcc(), *BASE_NVCC_FLAGS, gencode(arch), "-cubin", *variant.flags, *define_flags(variant.defines),
         f"-I{variant.kernels_dir}", "-o", str(out), str(source),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = run_tool(cmd)
     if proc.returncode != 0:
         raise FlashcoreError(f"{variant.name}: nvcc -cubin failed for {source.name}:\n{first_errors(proc.stdout + proc.stderr)}", exit_code=1)
 
 
 def disassemble(cuobjdump: Path, cubin: Path) -> str:
-    proc = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, env=env_with_nvdisasm(cuobjdump))
+    proc = run_tool([str(cuobjdump), "-sass", str(cubin)], env=env_with_nvdisasm(cuobjdump))
     if proc.returncode != 0:
         message = (proc.stderr or proc.stdout).strip()
         if "nvdisasm" in message:
@@ -133,12 +139,17 @@ def variant_sass(variant: Variant, arch: str) -> tuple[str, list[KernelSass]]:
 def run_sass(registry_path, name: str, arch_text: str | None, out: str | None) -> int:
     from rich.table import Table
 
+    from rich.markup import escape
+
     from flashcore_cli.registry.archs import parse_arch, parse_archs
-    from flashcore_cli.core.console import console, short_kernel
+    from flashcore_cli.core.console import console, err_console, short_kernel
+    from flashcore_cli.core.records import output_file, write_output
     from flashcore_cli.registry.variants import load_registry
 
     variant = load_registry(registry_path).get(name)
     arch = variant.build_target(parse_arch(arch_text) if arch_text else parse_archs(None)[0])
+    if out:
+        output_file(out, "--out")  # a folder or an unwritable path: refused before the compile
     with console.status(f"nvcc -cubin {variant.name} for {arch}, cuobjdump -sass"):
         text, kernels = variant_sass(variant, arch)
     if not kernels:
@@ -156,12 +167,15 @@ def run_sass(registry_path, name: str, arch_text: str | None, out: str | None) -
             n = k.count(*ops)
             cells.append(f"[bold red]{n}[/]" if col == "LDL/STL" and n else str(n))
         widths = [", ".join(f"{bits}x{n}" for bits, n in sorted(k.widths(b).items(), reverse=True)) or "0" for b in WIDTH_COLUMNS]
-        table.add_row(short_kernel(k.kernel), str(k.total), *cells, *widths)
+        total = f"[bold yellow]{k.total}[/]" if k.looks_empty() else str(k.total)
+        table.add_row(short_kernel(k.kernel), total, *cells, *widths)
     console.print(table)
     console.print("HMMA/HGMMA: tensor-core MMAs; LDSM: ldmatrix; LDGSTS: cp.async; TMA: UTMALDG/UBLKCP; "
                   "LDL/STL: local memory (spills or indexed arrays); bits x n: access width x count")  # fmt: skip
+    for warning in empty_body_warnings(variant, arch, [k for k in kernels if k.looks_empty()], "sass"):
+        err_console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     if out:
-        Path(out).write_text(text)
+        write_output(out, text, "--out")
         console.print(f"full listing: {out}")
     else:
         console.print(f"full listing: `flashcore sass {variant.name} --arch {arch} --out {variant.name}.sass`")

@@ -96,8 +96,10 @@ def probe_limits(variant: Variant, arch: str, head_dim: int, candidates: list[Ca
     def one(c: Candidate):
         return c, compile_probe(variant, arch, {k: str(v) for k, v in c.defines.items()})
 
-    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool:
-        for c, report in pool.map(one, todo):
+    from flashcore_cli.core.isolate import stop_on_interrupt
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as pool, stop_on_interrupt(pool):
+        for c, report in pool.map(one, todo):  # Ctrl-C: the queued probes dropped, the running compilers killed
             judge(c, report, head_dim)
             if on_done:
                 on_done(c)

@@ -207,8 +207,19 @@ def _registry_file(given: str | os.PathLike) -> Path:
 def _same_file(a: Path, b: Path) -> bool:
     try:
         return a.resolve() == b.resolve()
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
         return False
+
+
+def _resolved(path: Path, what: str) -> Path:
+    """path.resolve(), or one FlashcoreError for a path that cannot be resolved (a symlink loop)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as exc:  # Python < 3.13 raises RuntimeError for a loop, later ones OSError
+        import errno
+
+        loop = isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == errno.ELOOP
+        raise FlashcoreError(f"{path}: {what} is a symlink loop" if loop else f"{path}: {what}: {exc}") from None
 
 
 def project_root(start: Path) -> Path:
@@ -221,7 +232,7 @@ def project_root(start: Path) -> Path:
 def load_registry(path: str | os.PathLike | None = None) -> Registry:
     import yaml  # deferred: keeps `flashcore --help` fast
 
-    path = registry_path(path).resolve()
+    path = _resolved(registry_path(path), "the registry")
     if not path.is_file():
         raise FlashcoreError(f"{path}: registry file not found")
     try:
@@ -283,7 +294,7 @@ def _parse_variant(path: Path, root: Path, index: int, entry: Any) -> Variant:
         raise fail("sources", "must be a non-empty list of file paths")
     sources = []
     for s in sources_raw:
-        p = (path.parent / s).resolve()
+        p = _resolved(path.parent / s, f"variant '{name}': source '{s}'")
         if not p.is_relative_to(root):
             raise fail("sources", f"'{s}' is outside the project ({root})")
         if p.suffix not in _SOURCE_SUFFIXES:

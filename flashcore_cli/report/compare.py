@@ -1,9 +1,11 @@
 """`flashcore compare A.json B.json`: is B faster, slower or the same as A, row by row, with a noise-aware rule.
 
 Rows are matched by name and case (shape and causal; a bench record's rows share the record's case). For a
-row timed in both runs:
-    same    when |median_B - median_A| <= the larger of the two runs' half p10-p90 spreads
-            (a difference inside a run's own spread is not a measured difference);
+row timed in both runs (measure/timing.py timing_verdict; SAME_RULE below is how the footer and the README
+say it):
+    same    when |median_B - median_A| <= max(p90_A - p10_A, p90_B - p10_B) / 2, i.e. the medians differ by
+            at most half the wider of the two runs' p10-p90 spreads (a difference inside a run's own spread
+            is not a measured difference);
     faster / slower otherwise, with the ratio of the medians.
 A row is a regression when it is slower beyond that spread AND by more than --threshold (default 5%), or
 when it was OK in A and is not in B (a variant that broke). Any regression makes the exit code 1, so the
@@ -14,6 +16,11 @@ file and the row (exit 2), never a traceback. Times taken in different modes (co
 `flashcore bench --mode`) measure different things, so two records of different modes are refused (exit 2).
 A record of several modes keeps one {"mode", "rows"} section per mode under "runs"; --mode picks the
 section to compare (needed when a record holds more than one).
+
+A results file (`flashcore report merge`, docs/results/h200.json) holds many bench runs, one per shape, causal,
+dtype and mode: compared with a bench or sweep record, its sections of the other record's cases (shape and
+causal, in its dtype and mode) are compared; two results files compare the sections they share. A results
+file with no section of the other's cases is refused, with the sections it has.
 """
 
 from __future__ import annotations
@@ -26,7 +33,11 @@ from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.measure.timing import DEFAULT_THRESHOLD, Verdict, timing_verdict
 
 DEFAULT_MODE = "cold"  # records written before bench had modes were all cold-L2 timings
+DEFAULT_DTYPE = "fp16"  # records written before bf16 were fp16
 TIMING_KEYS = ("median_us", "p10_us", "p90_us")
+RESULTS_KIND = "flashcore-results"
+# timing_verdict's "same", in words: the footer prints it, and the README says the same (a test holds them).
+SAME_RULE = "the medians differ by at most half the wider of the two runs' p10-p90 spreads"
 
 
 def row_verdict(a: dict, b: dict, threshold: float = DEFAULT_THRESHOLD) -> Verdict:
@@ -40,20 +51,114 @@ def row_verdict(a: dict, b: dict, threshold: float = DEFAULT_THRESHOLD) -> Verdi
     return Verdict("not timed")
 
 
-def load_record(path: str | Path, mode: str | None = None) -> dict:
-    """A validated record with the rows of one mode (`mode`, or the only one it has)."""
+def read_json_record(path: str | Path) -> object:
+    """The JSON a record file holds, or one FlashcoreError (no such file, a folder, not JSON)."""
     path = Path(path)
     try:
-        record = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
         raise FlashcoreError(f"{path}: no such record") from None
+    except IsADirectoryError:
+        raise FlashcoreError(f"{path} is a folder: give a record file (`flashcore bench --json FILE` writes one)") from None
+    except OSError as exc:
+        raise FlashcoreError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise FlashcoreError(f"{path}: not a JSON record ({exc})") from None
+
+
+def is_results_file(data: object) -> bool:
+    return isinstance(data, dict) and data.get("kind") == RESULTS_KIND
+
+
+def load_record(path: str | Path, mode: str | None = None, data: object = None) -> dict:
+    """A validated record with the rows of one mode (`mode`, or the only one it has)."""
+    path = Path(path)
+    record = read_json_record(path) if data is None else data
     if not isinstance(record, dict) or not isinstance(record.get("rows"), list):
         raise FlashcoreError(f"{path}: not a bench or sweep record (it has no 'rows'); `flashcore bench` and `flashcore sweep` write them")
     record = select_mode(path, record, mode)
     validate_record(path, record)
     return record
+
+
+def record_cases(record: dict) -> set[tuple[str, bool, str, str]]:
+    """(shape, causal, dtype, mode) of every row of a one-mode record."""
+    dtype, mode = record.get("dtype", DEFAULT_DTYPE), record_mode(record)
+    return {(_shape(shape), causal, dtype, mode) for _, shape, causal in keyed_rows(record)}
+
+
+def results_sections(path: Path, data: dict) -> list:
+    """The sections (readme.Section: one bench run in one mode) of a results file, validated."""
+    from flashcore_cli.report.readme import BENCH_KIND, sections_of
+
+    records = data.get("records")
+    if not isinstance(records, list) or not records:
+        raise FlashcoreError(f"{path}: 'records' must be a non-empty list of bench records")
+    sections = []
+    for number, record in enumerate(records, 1):
+        if not isinstance(record, dict) or record.get("kind") != BENCH_KIND:
+            raise FlashcoreError(f"{path}: record {number} is not a bench record (kind {BENCH_KIND!r})")
+        sections += sections_of(record, f"{path}: record {number}")
+    return sections
+
+
+def section_key(section) -> tuple[str, bool, str, str]:
+    return _shape(section.shape), section.causal, section.dtype, section.mode
+
+
+def from_results(path: Path, sections: list, wanted: set[tuple[str, bool, str, str]], other: str) -> dict:
+    """One record of the results file's sections whose (shape, causal, dtype, mode) the other side has: each
+    row carries its section's shape and causal, so rows match by case."""
+    chosen = [s for s in sections if section_key(s) in wanted]
+    if not chosen:
+        have = "; ".join(sorted({_case_text(section_key(s)) for s in sections}))
+        want = "; ".join(sorted({_case_text(k) for k in wanted})) or "none"
+        raise FlashcoreError(f"{path} (a results file) has no section of {other}'s cases ({want}); it holds: {have}")
+    (mode,) = {s.mode for s in chosen}
+    dtypes = {s.dtype for s in chosen}
+    # Rows match by name, shape and causal; sections of several dtypes (two results files) keep theirs apart by
+    # a shape that names the dtype, as the README's tables do ("1,8,512,64 bf16").
+    label = (lambda s: s.shape + ("" if s.dtype == DEFAULT_DTYPE else f" {s.dtype}")) if len(dtypes) > 1 else (lambda s: s.shape)
+    return {
+        "kind": RESULTS_KIND,
+        "mode": mode,
+        "dtype": dtypes.pop() if len(dtypes) == 1 else DEFAULT_DTYPE,
+        "environment": chosen[0].environment,
+        "rows": [{**row, "shape": label(s), "causal": s.causal} for s in chosen for row in s.rows],
+    }
+
+
+def load_pair(path_a: str, path_b: str, mode: str | None) -> tuple[dict, dict]:
+    """The two records to compare, each of one mode; a results file gives its sections of the other's cases."""
+    data_a, data_b = read_json_record(path_a), read_json_record(path_b)
+    results_a, results_b = is_results_file(data_a), is_results_file(data_b)
+    a = None if results_a else load_record(path_a, mode, data_a)
+    b = None if results_b else load_record(path_b, mode, data_b)
+    if a is not None and b is not None:
+        return a, b
+    if a is not None or b is not None:
+        known, known_path = (a, path_a) if a is not None else (b, path_b)
+        results_path, results_data = (Path(path_b), data_b) if a is not None else (Path(path_a), data_a)
+        merged = from_results(results_path, results_sections(results_path, results_data), record_cases(known), known_path)
+        return (known, merged) if a is not None else (merged, known)
+    sections_a, sections_b = results_sections(Path(path_a), data_a), results_sections(Path(path_b), data_b)
+    common = {section_key(s) for s in sections_a} & {section_key(s) for s in sections_b}
+    if mode is not None:
+        common = {k for k in common if k[3] == mode}
+    modes = sorted({k[3] for k in common})
+    if len(modes) > 1:
+        raise FlashcoreError(f"{path_a} and {path_b} share sections in several modes ({', '.join(modes)}): pick one with --mode")
+    return from_results(Path(path_a), sections_a, common, path_b), from_results(Path(path_b), sections_b, common, path_a)
+
+
+def _shape(text) -> str:
+    """A shape as bench and merge write it ('1,8,512,64'), however it was spaced."""
+    return ",".join(part.strip() for part in str(text).split(","))
+
+
+def _case_text(key: tuple[str, bool, str, str]) -> str:
+    shape, causal, dtype, mode = key
+    return f"{shape}{' causal' if causal else ''}{'' if dtype == DEFAULT_DTYPE else ' ' + dtype} {mode}"
 
 
 def select_mode(path: Path, record: dict, mode: str | None) -> dict:
@@ -168,7 +273,7 @@ def run_compare(path_a: str, path_b: str, threshold: float, mode: str | None = N
 
     if not 0 <= threshold < 1:
         raise FlashcoreError(f"--threshold {threshold}: give a fraction between 0 and 1 (0.05 is 5%)")
-    a, b = load_record(path_a, mode), load_record(path_b, mode)
+    a, b = load_pair(path_a, path_b, mode)
     if record_mode(a) != record_mode(b):
         raise FlashcoreError(
             f"{path_a} was timed in {record_mode(a)} mode and {path_b} in {record_mode(b)} mode: times in different "
@@ -196,8 +301,7 @@ def run_compare(path_a: str, path_b: str, threshold: float, mode: str | None = N
         regressions += verdict.regression
     console.print(table)
     console.print(
-        f"same: |median change| within the larger half p10-p90 spread of the two runs; regression: slower beyond "
-        f"that spread and by more than {threshold:.0%}, or OK in A and failing in B"
+        f"same: {SAME_RULE}; regression: slower beyond that and by more than {threshold:.0%}, or OK in A and failing in B"
     )
     if regressions:
         console.print(f"[bold red]{regressions} regression(s)[/]")
