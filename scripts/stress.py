@@ -1,6 +1,7 @@
 """Stress a variant: launch it N times over random shapes (S = 1 and lengths that are no multiple of any
-tile included, causal and not, every head dim it declares) in one isolated worker under a timeout, every
-launch checked against the fp32 reference.
+tile included, causal and not, every head dim it declares, grouped-query heads and other key lengths where it
+takes them) in one isolated worker under a timeout, every launch checked against the fp32 reference (and its
+gradients, for a variant with a backward).
 
     python3 scripts/stress.py v9 v10 --launches 2000 --timeout 600
 
@@ -23,16 +24,24 @@ from flashcore_cli.registry.variants import load_registry
 from flashcore_cli.registry.shapes import Case, Shape
 
 
-def random_cases(head_dims, launches: int, seed: int) -> list[Case]:
+def random_cases(variant, launches: int, seed: int) -> list[Case]:
+    """Random shapes the variant takes: Sq = 1 regularly and lengths that are no multiple of any tile; with
+    `gqa`, query heads 1-8 times the key/value heads; with `seqlen_kv`, an independent key length (a decode
+    rung's `max_seq_len` bounds the queries); with `backward`, the gradients checked too."""
     rng = random.Random(seed)
     cases = []
     for i in range(launches):
         if i % 20 == 0:
-            s = 1  # the degenerate single-key sequence, regularly
+            s = 1  # the degenerate single-row sequence, regularly
         else:
             s = rng.choice([rng.randint(2, 130), rng.randint(131, 1100), rng.randint(1, 64) * 16 + rng.randint(1, 15)])
-        shape = Shape(rng.randint(1, 3), rng.randint(1, 6), s, rng.choice(head_dims))
-        cases.append(Case(shape, rng.random() < 0.5, seed + i))
+        if variant.max_seq_len:
+            s = rng.randint(1, variant.max_seq_len)
+        heads_kv = rng.randint(1, 6)
+        heads = heads_kv * (rng.randint(1, 8) if variant.supports("gqa") else 1)
+        s_kv = rng.choice([s, rng.randint(1, 1100), rng.randint(1, 4100)]) if variant.supports("seqlen_kv") else s
+        shape = Shape(rng.randint(1, 3), heads, s, rng.choice(variant.head_dims), heads_kv, s_kv)
+        cases.append(Case(shape, rng.random() < 0.5, seed + i, grads=variant.supports("backward")))
     return cases
 
 
@@ -57,14 +66,18 @@ def stress(args) -> int:
     failed = False
     for variant in variants:
         name = variant.name
-        cases = random_cases(variant.head_dims, args.launches, seed)
+        cases = random_cases(variant, args.launches, seed)
         outcome = run_variant(registry, variant, cases, arch=parse_archs(None)[0], timeout=args.timeout)
         counts: dict[str, int] = {}
         for c in outcome.cases:
             counts[c.status] = counts.get(c.status, 0) + 1
         lengths = sorted({c.shape.seq_len for c in cases})
-        print(f"{name}: {len(cases)} launches, seed {seed}, {len(lengths)} distinct S in [{lengths[0]}, {lengths[-1]}], "
-              f"{sum(c.causal for c in cases)} causal: {counts} in {outcome.seconds:.1f} s; worst err/tol {outcome.worst_ratio() or float('nan'):.2f}")
+        grouped = sum(c.shape.gqa for c in cases)
+        uneven = sum(c.shape.other_kv_len for c in cases)
+        print(f"{name}: {len(cases)} launches{' with gradients' if variant.supports('backward') else ''}, seed {seed}, "
+              f"{len(lengths)} distinct S in [{lengths[0]}, {lengths[-1]}], {sum(c.causal for c in cases)} causal, "
+              f"{grouped} grouped-query, {uneven} with S_kv != S: {counts} in {outcome.seconds:.1f} s; "
+              f"worst err/tol {outcome.worst_ratio() or float('nan'):.2f}")  # fmt: skip
         for c in [c for c in outcome.cases if c.status != "OK"][:5]:
             failed = True
             print(f"  {c.status} {c.case.label()} seed {c.case.seed}: {c.detail}")
