@@ -28,7 +28,8 @@ def cmd_list(registry_path) -> int:
     reg = load_registry(registry_path)
     show_archs = any(v.archs for v in reg.variants)  # a column only when some variant runs on some GPUs only
     table = Table(title=f"flashcore variants ({reg.path})")
-    for col in ("name", "aliases", "head dims", "causal", "dtypes", *(["archs"] if show_archs else []), "sources", "summary"):
+    for col in ("name", "aliases", "head dims", "causal", "dtypes", "features", *(["archs"] if show_archs else []), "sources",
+                "summary"):  # fmt: skip
         table.add_column(col, overflow="fold")
     for v in reg.variants:
         table.add_row(
@@ -37,6 +38,7 @@ def cmd_list(registry_path) -> int:
             ", ".join(map(str, v.head_dims)),
             "yes" if v.causal else "no",
             ", ".join(v.dtypes),
+            ", ".join(v.features) + (f"{', ' if v.features else ''}S <= {v.max_seq_len}" if v.max_seq_len else "") or "-",
             *([", ".join(v.archs) or "any"] if show_archs else []),
             "\n".join(str(p.relative_to(reg.root)) for p in v.sources),
             v.summary,

@@ -32,14 +32,16 @@
 //   decode_split_kv<64>      114 | 120             decode_split_kv<128>      168 | 168
 //   decode_combine<64|128>    40 | 44, 6 KB of static shared memory (one CTA of 128 threads per query row)
 //
-// Measured (H200, `flashcore bench`, cold L2; K/V bytes / time against the 4.25 TB/s a device copy reaches):
-//   MEASURED FIGURES: to be filled in from the lead's H200 run (none taken yet; this build has not run on a GPU).
-//   shape (B,H:H_kv,S:S_kv,D)   decode        cuDNN      target
-//   8,32:8,1:8192,128           ...           80.1 us    >= 3.8 TB/s
-//   64,32:8,1:4096,128          ...           255.5 us   >= 3.8 TB/s
-//   1,32:8,1:131072,128         ...           139.0 us   >= 3.8 TB/s
-//   16,64:8,1:16384,128         ...           254.4 us   >= 3.8 TB/s
-//   4,32:8,4:16384,128          ...           208.5 us   >= 2.5x cuDNN
+// Measured (H200, `flashcore bench decode v11 [v12] --shape ...`, cold mode; the record docs/results/h200.json;
+// GB/s = Q, K, V, O bytes / time, K and V nearly all of it; a device copy moves 4.25 TB/s read + write):
+//   shape (B,H:H_kv,S:S_kv,D)   decode               SDPA cuDNN          vs cuDNN   target
+//   8,32:8,1:8192,128           79.0 us, 3401 GB/s   81.3 us, 3302       1.03x      >= 3.8 TB/s: not met
+//   64,32:8,1:4096,128          262.4 us, 4096 GB/s  252.2 us, 4262      0.96x      >= 1.0x cuDNN: not met
+//   1,32:8,1:131072,128         143.2 us, 3748 GB/s  142.7 us, 3762      1.00x      >= 3.8 TB/s: not met
+//   16,64:8,1:16384,128         264.1 us, 4068 GB/s  255.6 us, 4202      0.97x      >= 1.0x cuDNN: not met
+//   4,32:8,4:16384,128          80.5 us, 3339 GB/s   204.8 us, 1312      2.54x      >= 2.5x cuDNN: met
+// Where the rest goes is not yet measured (no ncu run of this rung so far): the split count's cost constants
+// are guesses, and the two single-split-wave shapes (B64, B16 H64) trail cuDNN by 3-4%.
 #include "flashcore.h"
 #include "decode_combine.cuh"
 #include "decode_load.cuh"

@@ -22,7 +22,25 @@
 //
 // Run:  flashcore test v11 && flashcore bench v11 --pass bwd --shape 2,16,4096,64
 //
-// Measured: to be filled from `flashcore bench --pass bwd` on the H200.
+// dQ: on sm_90 the warps stage dQ_i in shared memory and one thread adds it by TMA reduce-add (a 32-column box
+// per 128 bytes of row); below sm_90 every lane red.adds its fragments. D=128 on sm_90 takes 128 keys x 64
+// queries (177 KB), the L4 build 64 x 32 (68.5 KB).
+//
+// Measured (H200, cold mode, the backward alone beside SDPA's FA2 and cuDNN backward in the same run; TFLOP/s at
+// 2.5 x the forward's FLOPs):  shape                v11                 FA2 (SDPA flash)   cuDNN
+//                                2,16,4096,64         1509 us, 228 TF     1300 us, 264 TF    781 us, 440 TF
+//                                2,16,4096,64 causal   888 us, 193 TF      821 us, 209 TF    506 us, 340 TF
+//                                2,16,4096,128        2610 us, 263 TF     2385 us, 288 TF   1267 us, 543 TF
+//                                2,16,4096,128 causal 1520 us, 226 TF     1434 us, 240 TF    779 us, 441 TF
+//                                1,16,16384,64       11431 us, 240 TF     9480 us, 290 TF   6124 us, 449 TF
+//   v11's backward is 0.83-0.94x FA2's: the target (>= 1.0x at every row) is not met. fwd+bwd at 1,8,512,64:
+//   34.7 us against SDPA's 35.4 (docs/results/h200.json).
+// Where the time goes (same-run builds that drop part of the dQ path, timing only, at 2,16,4096,64 with
+// red.add): all of it 1486 us; dQ computed but not added 1332; no dQ at all 1027. The dQ path (its second
+// barrier, the dS^T round trip, 32 of every 160 mma and 24 of every 88 ldmatrix) is a third of the time.
+// Tried and not kept (same run, 2,16,4096,64): 64 keys x 4 warps (2 CTAs/SM) 1554 vs 1486 us; 32 queries per
+// step 1782. The TMA reduce-add is no faster at D=64 (1509 us in a later run against red.add's 1486); it stays,
+// one dQ path for sm_90, since with the 128 x 64 tile it took D=128 from 3199 to 2610 us (two runs).
 #include "flashcore.h"
 #include "fa2_bwd.cuh"
 #include "fa2_mma.cuh"

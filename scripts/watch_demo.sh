@@ -7,6 +7,8 @@
 # The variant is a copy of kernels/v8.cu in a scratch folder inside the project (removed at the end); the
 # watch is stopped with SIGINT (Ctrl-C) and must exit 130. Prints every screen; exit 1 if a step never showed.
 set -uo pipefail
+set -m  # job control: the watch runs in a process group of its own, with SIGINT not ignored (a non-interactive
+        # shell would start a background job with SIGINT ignored, and Ctrl-C could not reach it)
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 dir=$(mktemp -d "$PWD/.watch-demo-XXXXXX")
@@ -58,6 +60,12 @@ wait_screen 3 MISMATCH
 cp "$dir/original.cu" "$dir/demo.cu"
 wait_screen 4 OK
 kill -INT "$pid"
+for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+if kill -0 "$pid" 2>/dev/null; then
+  echo "the watch did not stop within 15 s of SIGINT" >&2
+  kill -KILL "$pid"
+  failed=1
+fi
 wait "$pid"
 rc=$?
 echo "---- the watch's screens ----"

@@ -103,7 +103,7 @@ def test_readme_tables_are_the_records_figures(project):
             assert shown["TFLOP/s"] == f"{row['tflops']:.1f}"
         else:
             assert shown["median us"] == "-" and shown["note"] == row["detail"][:100]
-    assert "`flashcore bench --all --shape 1,8,512,64` on FAKE GPU" in region(text, "<!-- results:bench 1,8,512,64 -->")
+    assert "`flashcore bench baseline v8 v11 broken hopper_only --shape 1,8,512,64` on FAKE GPU" in region(text, "<!-- results:bench 1,8,512,64 -->")
 
     graph = {r["name"]: r for r in markdown_tables(region(text, "<!-- results:bench 1,8,512,64 graph -->"))[0]}
     assert graph["v11"]["median us"] == "6.0" and graph["v11"]["vs SDPA"] == "1.50x"
@@ -199,7 +199,7 @@ def test_bf16_runs_sit_beside_fp16_ones(project):
     text = (project / "README.md").read_text()
     bf16_table, fp16_table = ({r["name"]: r for r in t} for t in markdown_tables(text))
     assert bf16_table["v11"]["median us"] == "470.0" and fp16_table["v11"]["median us"] == "480.0"
-    assert "`flashcore bench --all --shape 2,16,4096,64 --causal --dtype bf16`" in text
+    assert "`flashcore bench baseline v8 v11 --shape 2,16,4096,64 --causal --dtype bf16`" in text
 
 
 @pytest.mark.parametrize(
@@ -207,7 +207,7 @@ def test_bf16_runs_sit_beside_fp16_ones(project):
     [
         ("<!-- results:bench 4,4,4,64 -->\n<!-- /results -->\n", "README.md:1: the results file holds no 4,4,4,64 cold run"),
         ("<!-- results:bench 1,8,512,64 warm -->\n<!-- /results -->\n", "holds no 1,8,512,64 warm run"),
-        ("<!-- results:chart -->\n<!-- /results -->\n", "README.md:1: <!-- results:chart --> is not one of: bench, modes, summary"),
+        ("<!-- results:chart -->\n<!-- /results -->\n", "README.md:1: <!-- results:chart --> is not one of: bench, inference, modes, summary"),
         ("<!-- results:bench -->\n<!-- /results -->\n", "names no shape"),
         ("<!-- results:summary -->\n", "README.md:1: the marker is never closed with <!-- /results -->"),
         ("x\n<!-- /results -->\n", "README.md:2: <!-- /results --> closes no marker"),
@@ -256,3 +256,34 @@ def test_the_checked_in_readme_matches_its_record(monkeypatch):
     monkeypatch.chdir(REPO)
     result = runner.invoke(app, ["report", "readme", "docs/results/h200.json", "--check"])
     assert result.exit_code == 0, result.output
+
+
+# ---- passes and inference shapes: a forward, a fwd+bwd and a grouped-query record of one results file ----
+def _variant_of(record: dict, **changes) -> dict:
+    """A copy of a fixture bench record with some keys changed (its rows kept: the numbers are made up anyway)."""
+    return {**json.loads(json.dumps(record)), **changes}
+
+
+def test_passes_and_grouped_shapes_live_beside_the_forward(tmp_path, monkeypatch):
+    short = json.loads(open(SHORT).read())
+    first = _variant_of(short, runs=None, rows=(short.get("runs") or [short])[0]["rows"], mode="cold")
+    first.pop("runs")
+    training = _variant_of(first, **{"pass": "fwd+bwd"})
+    decode = _variant_of(first, shape="8,32:8,1:8192,128")
+    for name, record in (("fwd.json", first), ("train.json", training), ("decode.json", decode)):
+        (tmp_path / name).write_text(json.dumps(record))
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["report", "merge", "fwd.json", "train.json", "decode.json", "-o", "all.json"])
+    assert result.exit_code == 0, result.output  # one shape in two passes is no duplicate
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "ladder.md").write_text(LADDER)
+    (tmp_path / "README.md").write_text("<!-- results:summary -->\n<!-- /results -->\n\n<!-- results:inference -->\n"
+                                        "<!-- /results -->\n\n<!-- results:bench 1,8,512,64 fwd+bwd -->\n<!-- /results -->\n")  # fmt: skip
+    result = runner.invoke(app, ["report", "readme", "all.json"])
+    assert result.exit_code == 0, result.output
+    tables = markdown_tables((tmp_path / "README.md").read_text())
+    summary, inference, training_table = tables
+    assert [r["shape"] for r in summary] == ["1,8,512,64"]  # the forward ladder only
+    assert [r["B,Hq:Hkv,Sq:Sk,D"] for r in inference] == ["8,32:8,1:8192,128"]
+    assert training_table and "--pass fwd+bwd" in (tmp_path / "README.md").read_text()
+    assert runner.invoke(app, ["report", "readme", "all.json", "--check"]).exit_code == 0

@@ -6,14 +6,14 @@ A results file holds one GPU's bench records (docs/results/h200.json):
 causal and not, each of one or several modes); a bench record on its own is read as a results file of one.
 
 `flashcore report readme FILE` rewrites what lies between markers, and nothing else:
-    README.md         <!-- results:bench 1,8,512,64 [causal] [MODE] [DTYPE] -->  that run's table, as bench prints it
-                      <!-- results:modes 1,8,512,64 [causal] [DTYPE] -->         every row's median in each mode
-                      <!-- results:summary [MODE] [DTYPE] -->                    per shape: SDPA default, the fastest variant
+    README.md         <!-- results:bench 1,8,512,64 [causal] [MODE] [DTYPE] [PASS] -->  that run's table, as bench prints it
+                      <!-- results:modes 1,8,512,64 [causal] [DTYPE] [PASS] -->         every row's median in each mode
+                      <!-- results:summary [MODE] [DTYPE] [PASS] -->                    per shape: SDPA default, the fastest variant
                       ...
                       <!-- /results -->
     docs/ladder.md    <!-- ladder-chart [MODE] [DTYPE] --> ... <!-- /ladder-chart -->
                       the chart (a PNG beside the results file, drawn with matplotlib) and the same figures as a table
-MODE defaults to cold and DTYPE to fp16, the bench's defaults. `--check` writes nothing and exits 1 when a region differs from
+MODE defaults to cold, DTYPE to fp16 and PASS (fwd, bwd, fwd+bwd) to fwd, the bench's defaults. `--check` writes nothing and exits 1 when a region differs from
 what the results file gives (or the chart's PNG is missing), so CI can hold the README to its record.
 """
 
@@ -32,6 +32,8 @@ BENCH_KIND = "flashcore-bench"
 DEFAULT_MODE = "cold"
 DEFAULT_DTYPE = "fp16"
 DTYPES = ("fp16", "bf16")
+DEFAULT_PASS = "fwd"
+PASSES = ("fwd", "bwd", "fwd+bwd")  # registry.shapes.PASSES; each pass of a case is a section of its own
 SDPA_DEFAULT = "sdpa"
 OPEN = re.compile(r"^<!-- results:(?P<spec>.*?) -->$")
 CLOSE = "<!-- /results -->"
@@ -49,14 +51,16 @@ class Section:
     rows: list[dict]
     environment: dict
     dtype: str = DEFAULT_DTYPE
+    passes: str = DEFAULT_PASS  # what a timed call did: fwd, bwd or fwd+bwd (records from before passes: fwd)
 
     @property
     def case(self) -> str:
-        return self.shape + (" causal" if self.causal else "") + ("" if self.dtype == DEFAULT_DTYPE else f" {self.dtype}")
+        return (self.shape + (" causal" if self.causal else "") + ("" if self.dtype == DEFAULT_DTYPE else f" {self.dtype}")
+                + ("" if self.passes == DEFAULT_PASS else f" {self.passes}"))  # fmt: skip
 
     @property
-    def key(self) -> tuple[str, bool, str, str]:
-        return self.shape, self.causal, self.mode, self.dtype
+    def key(self) -> tuple[str, bool, str, str, str]:
+        return self.shape, self.causal, self.mode, self.dtype, self.passes
 
     def row(self, name: str) -> dict | None:
         return next((r for r in self.rows if r.get("name") == name), None)
@@ -105,6 +109,9 @@ def sections_of(record: dict, where: str) -> list[Section]:
     dtype = record.get("dtype", DEFAULT_DTYPE)  # records from before bf16 were fp16
     if dtype not in DTYPES:
         raise FlashcoreError(f"{where}: 'dtype' must be one of {', '.join(DTYPES)}")
+    passes = record.get("pass", DEFAULT_PASS)
+    if passes not in PASSES:
+        raise FlashcoreError(f"{where}: 'pass' must be one of {', '.join(PASSES)}")
     runs = record.get("runs") or [record]
     if not isinstance(runs, list) or not all(isinstance(r, dict) and isinstance(r.get("rows"), list) for r in runs):
         raise FlashcoreError(f"{where}: 'runs' must be a list of {{\"mode\": ..., \"rows\": [...]}} sections")
@@ -112,7 +119,7 @@ def sections_of(record: dict, where: str) -> list[Section]:
     for run in runs:
         mode = run.get("mode") or record.get("mode") or DEFAULT_MODE
         validate_record(f"{where} ({mode} mode)", {**record, "mode": mode, "rows": run["rows"]})
-        sections.append(Section(shape, record["causal"], mode, run["rows"], record.get("environment") or {}, dtype))
+        sections.append(Section(shape, record["causal"], mode, run["rows"], record.get("environment") or {}, dtype, passes))
     return sections
 
 
@@ -184,12 +191,16 @@ def environment_line(env: dict) -> str:
 def command(s: Section) -> str:
     mode = "" if s.mode == DEFAULT_MODE else f" --mode {s.mode}"
     dtype = "" if s.dtype == DEFAULT_DTYPE else f" --dtype {s.dtype}"
-    return f"flashcore bench --all --shape {s.shape}{' --causal' if s.causal else ''}{mode}{dtype}"
+    passes = "" if s.passes == DEFAULT_PASS else f" --pass {s.passes}"
+    variants = [r.get("name") for r in s.rows if r.get("kind") == "variant"]
+    which = " ".join(variants) if 0 < len(variants) < 6 else "--all"  # a run of a few variants names them
+    return f"flashcore bench {which} --shape {s.shape}{' --causal' if s.causal else ''}{mode}{dtype}{passes}"
 
 
 def how(s: Section) -> str:
-    """How the section was timed: its mode, and its dtype when not fp16."""
-    return f"{s.mode} mode" + ("" if s.dtype == DEFAULT_DTYPE else f", {s.dtype}")
+    """How the section was timed: its mode, its dtype when not fp16, its pass when not the forward."""
+    return (f"{s.mode} mode" + ("" if s.dtype == DEFAULT_DTYPE else f", {s.dtype}")
+            + ("" if s.passes == DEFAULT_PASS else f", {s.passes}"))  # fmt: skip
 
 
 def speedup(row: dict) -> str:
@@ -254,6 +265,28 @@ def summary_table(sections: list[Section], source: str) -> list[str]:
     ]
 
 
+def inference_table(sections: list[Section], source: str) -> list[str]:
+    """Grouped-query and uneven shapes: SDPA's backends and the fastest variant, time and K/V-bound GB/s."""
+    rows = []
+    for s in sections:
+        cudnn, flash, best = s.row("sdpa-cudnn") or {}, s.row("sdpa-flash") or {}, fastest(s, "variant")
+        gbps = lambda r: f", {r['roofline']['gbps']:.0f} GB/s" if r.get("roofline") else ""  # noqa: E731
+        time = lambda r: f"{us(r['median_us'])} us{gbps(r)}" if r.get("median_us") else r.get("status", "-")  # noqa: E731
+        vs = f"{cudnn['median_us'] / best['median_us']:.2f}x" if best and cudnn.get("median_us") else "-"
+        rows.append([s.shape, "yes" if s.causal else "no", time(cudnn), time(flash), best["name"] if best else "-",
+                     time(best) if best else "-", vs])  # fmt: skip
+    if not sections:
+        return ["(the results file holds no grouped-query or uneven shape)"]
+    env = sections[0].environment
+    return [
+        f"`flashcore bench` on {environment_line(env)}, {how(sections[0])}, one run per shape; GB/s: Q, K, V read and O "
+        f"written once, per second (from `{source}`):",
+        "",
+        *table(["B,Hq:Hkv,Sq:Sk,D", "causal", "SDPA cuDNN", "SDPA flash (FA2)", "fastest variant", "its time", "vs cuDNN"],
+               rows, right={6}),  # fmt: skip
+    ]
+
+
 def ladder_table(sections: list[Section]) -> list[str]:
     names = list(dict.fromkeys(r["name"] for s in sections for r in s.rows if r.get("kind") == "variant"))
     refs = list(dict.fromkeys(r["name"] for s in sections for r in s.rows if r.get("kind") == "reference"))
@@ -305,6 +338,7 @@ class Ask:
     causal: bool = False
     mode: str = DEFAULT_MODE
     dtype: str = DEFAULT_DTYPE
+    passes: str = DEFAULT_PASS
 
 
 def parse_spec(region: Region, kinds: set[str]) -> Ask:
@@ -319,6 +353,8 @@ def parse_spec(region: Region, kinds: set[str]) -> Ask:
             ask.causal = True
         elif word in DTYPES:
             ask.dtype = word
+        elif word in PASSES:
+            ask.passes = word
         else:
             ask.mode = word
     return ask
@@ -326,7 +362,7 @@ def parse_spec(region: Region, kinds: set[str]) -> Ask:
 
 def pick(sections: list[Section], where: str, ask: Ask, every_mode: bool = False) -> list[Section]:
     """The sections an Ask names: one case (with a shape) or every case (without), in one mode or every mode."""
-    chosen = [s for s in sections if s.dtype == ask.dtype and (every_mode or s.mode == ask.mode)
+    chosen = [s for s in sections if s.dtype == ask.dtype and s.passes == ask.passes and (every_mode or s.mode == ask.mode)
               and (ask.shape is None or (s.shape, s.causal) == (ask.shape, ask.causal))]  # fmt: skip
     if not chosen:
         held = ", ".join(f"{s.case} {s.mode}" for s in sections)
@@ -338,15 +374,24 @@ def pick(sections: list[Section], where: str, ask: Ask, every_mode: bool = False
 
 def order(s: Section) -> tuple:
     """Shapes from short to long sequences, then by size; non-causal before causal."""
-    b, h, seq, d = (int(x) for x in s.shape.split(","))
-    return seq, b * h, d, s.causal
+    from flashcore_cli.registry.shapes import parse_shape
+
+    shape = parse_shape(s.shape)
+    return shape.seq_len, shape.seq_len_kv, shape.batch * shape.heads, shape.head_dim, s.causal
+
+
+def grouped_or_uneven(s: Section) -> bool:
+    """A B,Hq:Hkv,Sq:Sk,D shape (inference: decode, chunked prefill), not the B,H,S,D ladder's."""
+    return ":" in s.shape
 
 
 def render_results(region: Region, sections: list[Section], source: str) -> list[str]:
-    ask = parse_spec(region, {"bench", "modes", "summary"})
+    ask = parse_spec(region, {"bench", "modes", "summary", "inference"})
     where = f"{region.file}:{region.line}"
     if ask.kind == "summary":
-        return summary_table(pick(sections, where, ask), source)
+        return summary_table([s for s in pick(sections, where, ask) if not grouped_or_uneven(s)], source)
+    if ask.kind == "inference":
+        return inference_table([s for s in pick(sections, where, ask) if grouped_or_uneven(s)], source)
     if ask.shape is None:
         raise FlashcoreError(f"{where}: <!-- results:{region.spec} --> names no shape (B,H,S,D)")
     if ask.kind == "modes":
@@ -421,7 +466,7 @@ def ladder_sections(region: Region, sections: list[Section]) -> list[Section]:
     ask = parse_spec(Region(region.file, region.line, "ladder " + region.spec, region.start, region.end), {"ladder"})
     if ask.shape or ask.causal:
         raise FlashcoreError(f"{region.file}:{region.line}: <!-- ladder-chart{region.spec} --> takes a mode and a dtype, no shape")
-    return pick(sections, f"{region.file}:{region.line}", ask)
+    return [s for s in pick(sections, f"{region.file}:{region.line}", ask) if not grouped_or_uneven(s)]
 
 
 def render_ladder(region: Region, chosen: list[Section], source: str, png: Path) -> list[str]:
