@@ -88,12 +88,13 @@ def register(app, handle_errors) -> None:
         arch: Arch = None,
         mode: Mode = "cold",
         dtype: Annotated[str, typer.Option("--dtype", help="fp16 or bf16, for every row, references included")] = "fp16",
+        passes: Annotated[str, typer.Option("--pass", help="what a timed call does: fwd, bwd or fwd+bwd")] = "fwd",
     ) -> int:
         """Time variants and the references along the sequence length, over every visible GPU; record and chart."""
         from flashcore_cli.measure.sweep import run_sweep
 
         return run_sweep(ctx.obj["registry"], names, seq, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch, mode,
-                         dtype)  # fmt: skip
+                         dtype, passes)  # fmt: skip
 
     @app.command()
     @handle_errors

@@ -94,3 +94,24 @@ def fresh_cache(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("FLASHCORE_CACHE", str(cache))
     return cache
+
+
+def host_check_program(tmp_path_factory, source: Path, target: str) -> Path:
+    """A host-side check program (tests/fixtures/hosts/*.cu, which includes a kernel's own host/device
+    functions) built with nvcc for PTX only (`target`, e.g. compute_90: ptxas is not needed for host code);
+    skips the test where nvcc is not installed."""
+    import subprocess
+
+    from flashcore_cli.build.toolchain import find_nvcc
+    from flashcore_cli.core.errors import FlashcoreError
+
+    try:
+        nvcc = find_nvcc()
+    except FlashcoreError:
+        pytest.skip("nvcc is not installed")
+    exe = tmp_path_factory.mktemp(source.stem) / source.stem
+    cmd = [str(nvcc), "-std=c++17", "-gencode", f"arch={target},code={target}", f"-I{REPO / 'kernels'}", str(source),
+           "-o", str(exe)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return exe

@@ -80,7 +80,12 @@ def test_two_results_files_compare_the_sections_they_share(table_rows):
     result = runner.invoke(app, ["compare", str(RESULTS), str(RESULTS), "--mode", "cold"])
     assert result.exit_code == 0, result.output
     cases = {row["case"] for row in table_rows}
-    assert len(cases) == 10 and {"1,8,512,64", "1,8,512,64 bf16", "2,16,4096,128 causal"} <= cases  # every cold section
+    from flashcore_cli.report.readme import load_results
+
+    cold = [sec for sec in load_results(RESULTS) if sec.mode == "cold"]
+    assert len(cases) == len(cold) and {"1,8,512,64", "1,8,512,64 bf16", "2,16,4096,128 causal"} <= cases  # every cold section
+    if any(sec.passes == "fwd+bwd" for sec in cold):
+        assert "1,8,512,64 fwd+bwd" in cases  # another pass of a shape is a case of its own
     assert {row["verdict"] for row in table_rows} <= {"same", "not timed"}  # a row SKIP in both is not timed
     result = runner.invoke(app, ["compare", str(RESULTS), str(RESULTS)])
     assert result.exit_code == 2 and "pick one with --mode" in said(result)
@@ -97,3 +102,11 @@ def test_the_readme_and_the_footer_say_what_the_verdict_does(tmp_path):
     row = lambda median, spread: {"median_us": median, "p10_us": median - spread / 2, "p90_us": median + spread / 2}  # noqa: E731
     assert timing_verdict(row(30.0, 2.0), row(31.0, 0.2)).word == "same"  # exactly half of the wider spread
     assert timing_verdict(row(30.0, 2.0), row(31.5, 0.2)).word == "slower"  # inside the full spread, past half
+
+
+def test_records_of_two_passes_are_refused(tmp_path):
+    forward = write(tmp_path / "fwd.json", section("1,8,512,64"))
+    backward = write(tmp_path / "bwd.json", {**section("1,8,512,64"), "pass": "bwd"})
+    result = runner.invoke(app, ["compare", forward, backward])
+    assert result.exit_code == 2, result.output
+    assert "timed the fwd pass" in said(result) and "the bwd pass" in said(result)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import host_check_program
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "tests" / "fixtures" / "hosts" / "decode_split.cu"
 
@@ -28,20 +30,7 @@ TARGETS = {
 
 @pytest.fixture(scope="module")
 def split_check(tmp_path_factory):
-    from flashcore_cli.build.toolchain import find_nvcc
-    from flashcore_cli.core.errors import FlashcoreError
-
-    try:
-        nvcc = find_nvcc()
-    except FlashcoreError:
-        pytest.skip("nvcc is not installed")
-    exe = tmp_path_factory.mktemp("decode_split") / "decode_split"
-    # PTX only (code=compute_90): ptxas is not needed for a host-side check
-    cmd = [str(nvcc), "-std=c++17", "-gencode", "arch=compute_90,code=compute_90", f"-I{ROOT / 'kernels'}",
-           str(SOURCE), "-o", str(exe)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return exe
+    return host_check_program(tmp_path_factory, SOURCE, "compute_90")
 
 
 def cases() -> list[str]:

@@ -74,3 +74,15 @@ def test_sass_flags_a_compiled_out_body_and_names_the_cause(project, nvcc, tmp_p
     assert "__CUDA_ARCH_FEAT_SM90_ALL" in text
     result = runner.invoke(app, ["--registry", str(project), "sass", "baseline", "--arch", "sm_90"])
     assert result.exit_code == 0 and "warning" not in result.output
+
+
+def test_small_passes_beside_a_real_kernel_are_not_flagged():
+    """v11's backward prep and dQ conversion are elementwise kernels of ~20 registers: a variant with some real
+    kernel is not warned about; one whose every kernel looks empty is."""
+    from flashcore_cli.build.ptxas import KernelResources, empty_body_warnings
+    from flashcore_cli.registry.variants import load_registry
+
+    variant = load_registry().get("v11")
+    small = [KernelResources("a", "v11_bwd_prep<64, __half>", "sm_90", registers=24)]
+    assert empty_body_warnings(variant, "sm_90", small, "ptxas", total=5) == []
+    assert empty_body_warnings(variant, "sm_90", small, "ptxas", total=1)

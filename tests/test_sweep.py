@@ -121,10 +121,11 @@ def test_the_command_end_to_end_with_fake_timings(monkeypatch, tmp_path):
 
     from flashcore_cli.measure import bench
     from flashcore_cli.measure import gpus
-    asked_modes = set()
+    asked_modes, asked_passes = set(), set()
 
     def fake_references(case, *, reps, warmup, timeout, modes=("cold",), on_event=None, passes="fwd"):
         asked_modes.update(modes)
+        asked_passes.add(passes)
         s = case.shape.seq_len
         rows = [BenchRow("sdpa", "reference", "OK", {"median_us": s / 50, "p10_us": s / 51, "p90_us": s / 49, "samples_us": [s / 50] * reps})]
         rows += [BenchRow("triton", "reference", "SKIP", detail="no triton")]
@@ -132,6 +133,7 @@ def test_the_command_end_to_end_with_fake_timings(monkeypatch, tmp_path):
 
     def fake_variant(registry, variant, case, *, arch, reps, warmup, timeout, modes=("cold",), on_event=None, defines=None, passes="fwd"):
         asked_modes.update(modes)
+        asked_passes.add(passes)
         s = case.shape.seq_len
         if s > 512:
             return {m: BenchRow(variant.name, "variant", "TIMEOUT", detail="killed after 300 s (run)") for m in modes}
@@ -150,6 +152,7 @@ def test_the_command_end_to_end_with_fake_timings(monkeypatch, tmp_path):
     (saved,) = tmp_path.glob("sweep-*-1_8_S_64-causal.json")
     record = json.loads(saved.read_text())
     assert record["mode"] == "graph" and asked_modes == {"graph"}  # every row of the run in the one mode
+    assert record["pass"] == "fwd" and asked_passes == {"fwd"}
     assert record["seq_lens"] == [512, 1024] and record["gpus"] == ["0", "1"] and record["causal"] is True
     mine = {r["seq_len"]: r for r in record["rows"] if r["name"] == "baseline"}
     assert mine[512]["status"] == "OK" and mine[1024]["status"] == "TIMEOUT"

@@ -13,26 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from conftest import host_check_program
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "tests" / "fixtures" / "hosts" / "v12_items.cu"
 
 
 @pytest.fixture(scope="module")
 def items_check(tmp_path_factory):
-    from flashcore_cli.build.toolchain import find_nvcc
-    from flashcore_cli.core.errors import FlashcoreError
-
-    try:
-        nvcc = find_nvcc()
-    except FlashcoreError:
-        pytest.skip("nvcc is not installed")
-    exe = tmp_path_factory.mktemp("v12_items") / "v12_items"
-    # PTX only (code=compute_90a): ptxas is not needed for a host-side check
-    cmd = [str(nvcc), "-std=c++17", "-gencode", "arch=compute_90a,code=compute_90a", f"-I{ROOT / 'kernels'}",
-           str(SOURCE), "-o", str(exe)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return exe
+    return host_check_program(tmp_path_factory, SOURCE, "compute_90a")
 
 
 def shapes() -> list[str]:

@@ -10,7 +10,7 @@ for TMA), global loads and stores by width (LDG/STG: 128-bit is what a tuned ker
 A variant that lists an arch-specific target (archs: [sm_90a]) is compiled for it: `flashcore sass v12`
 with no GPU (sm_90) disassembles its sm_90a code. A kernel of fewer than ptxas.TRIVIAL_INSTRUCTIONS
 instructions with no MMA is flagged with a warning naming the likely cause (an arch-specific body compiled
-out: ptxas.empty_body_warnings); the real rungs have 512 and more.
+out: ptxas.empty_body_warnings, when every kernel of the variant does); the real rungs have 512 and more.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def run_sass(registry_path, name: str, arch_text: str | None, out: str | None) -
     console.print(table)
     console.print("HMMA/HGMMA: tensor-core MMAs; LDSM: ldmatrix; LDGSTS: cp.async; TMA: UTMALDG/UBLKCP; "
                   "LDL/STL: local memory (spills or indexed arrays); bits x n: access width x count")  # fmt: skip
-    for warning in empty_body_warnings(variant, arch, [k for k in kernels if k.looks_empty()], "sass"):
+    for warning in empty_body_warnings(variant, arch, [k for k in kernels if k.looks_empty()], "sass", len(kernels)):
         err_console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     if out:
         write_output(out, text, "--out")

@@ -29,6 +29,7 @@ class PointJob:
     warmup: int
     timeout: float
     mode: str = "cold"
+    passes: str = "fwd"  # what a timed call does (bench --pass)
 
 
 def parse_seq_lens(text: str) -> list[int]:
@@ -48,7 +49,8 @@ def run_point(job: PointJob) -> dict:
     case = Case.from_dict(job.case)
     modes = (job.mode,)
     if job.variant is None:
-        rows, env = bench_references(case, reps=job.reps, warmup=job.warmup, timeout=job.timeout, modes=modes)
+        rows, env = bench_references(case, reps=job.reps, warmup=job.warmup, timeout=job.timeout, modes=modes,
+                                     passes=job.passes)  # fmt: skip
         return {"rows": rows[job.mode], "environment": env, "gpu_name": env.get("gpu", "")}
     reg = load_registry(job.registry)
     device = {}
@@ -58,7 +60,7 @@ def run_point(job: PointJob) -> dict:
             device["gpu"] = event["gpu"]
 
     rows = bench_variant(reg, reg.get(job.variant), case, arch=job.arch, reps=job.reps, warmup=job.warmup, timeout=job.timeout,
-                         modes=modes, on_event=on_event)  # fmt: skip
+                         modes=modes, on_event=on_event, passes=job.passes)  # fmt: skip
     return {"rows": [rows[job.mode]], "environment": {}, "gpu_name": device.get("gpu", "")}
 
 
@@ -73,10 +75,10 @@ def lost_point(job: PointJob, lost) -> dict:
 def point_rows(job: PointJob, rows: list, sdpa_median: float | None, gpu: str, gpu_name: str = "") -> list[dict]:
     """A point's rows as the record stores them: bench's row fields plus where on the axis and which GPU (the
     visible GPU's index or UUID, as CUDA_VISIBLE_DEVICES names it, and its model)."""
-    from flashcore_cli.registry.shapes import Case, attention_flops
+    from flashcore_cli.registry.shapes import Case, pass_flops
 
     case = Case.from_dict(job.case)
-    flops = attention_flops(case.shape, case.causal)
+    flops = pass_flops(case.shape, case.causal, job.passes)
     extra = {"seq_len": case.shape.seq_len, "shape": str(case.shape), "causal": case.causal, "gpu": gpu, "gpu_name": gpu_name}
     return [{**row.as_dict(flops, sdpa_median), **extra} for row in rows]
 
@@ -90,7 +92,7 @@ def require_matplotlib() -> None:
 
 
 def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch_text,
-              mode_text="cold", dtype_text="fp16") -> int:  # fmt: skip
+              mode_text="cold", dtype_text="fp16", pass_text="fwd") -> int:  # fmt: skip
     from flashcore_cli.registry.archs import parse_arch, parse_archs
     from flashcore_cli.measure.bench import MIN_REPS
     from flashcore_cli.core.console import console, progress, require_gpu
@@ -100,11 +102,12 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
     from flashcore_cli.core.records import clocks
     from flashcore_cli.measure.references import SDPA_DEFAULT
     from flashcore_cli.registry.variants import load_registry
-    from flashcore_cli.registry.shapes import Case, parse_dtype, parse_shape
+    from flashcore_cli.registry.shapes import Case, parse_dtype, parse_pass, parse_shape
     from flashcore_cli.measure.timing import MODE_TITLES, parse_modes
 
     (mode,) = parse_modes(mode_text, several=False)
     dtype = parse_dtype(dtype_text)
+    passes = parse_pass(pass_text)
     reg = load_registry(registry_path)
     variants = reg.select(names, True) if not names else reg.select(names, False)
     seq_lens = parse_seq_lens(seq_text or DEFAULT_SEQ_LENS)
@@ -121,9 +124,9 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
     seed = new_seed()
     jobs = []
     for i, shape in enumerate(shapes):
-        case = Case(shape, causal, seed + i, dtype=dtype).as_dict()
+        case = Case(shape, causal, seed + i, dtype=dtype, grads=passes != "fwd").as_dict()
         for name in [None, *(v.name for v in variants)]:
-            jobs.append(PointJob(str(reg.path), name, case, arch, reps, warmup, timeout, mode))
+            jobs.append(PointJob(str(reg.path), name, case, arch, reps, warmup, timeout, mode, passes))
     console.print(
         f"sweep {batch},{heads},S,{dim}{' causal' if causal else ''} over S = {', '.join(map(str, seq_lens))}: "
         f"{len(variants)} variant(s) + references, {reps} samples per row, on {len(gpus)} GPU(s) ({', '.join(gpus)}); seed {seed}; "
@@ -166,6 +169,7 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
         "head_dim": dim,
         "causal": causal,
         "dtype": dtype,
+        "pass": passes,
         "seq_lens": seq_lens,
         "seed": seed,
         "arch": arch,

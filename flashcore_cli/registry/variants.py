@@ -380,33 +380,33 @@ def _parse_archs(raw: Any, fail) -> tuple[str, ...]:
     return tuple(raw)
 
 
+def _parse_names(raw: Any, fail, key: str, known, what: str, example: str) -> tuple[str, ...]:
+    """A list of names out of `known`, each once (a registry key such as dtypes or features)."""
+    if not _is_list_of(raw, str):
+        raise fail(key, f"must be a list of {what}s, e.g. {example} (known: {', '.join(known)}; got {raw!r})")
+    for name in raw:
+        if name not in known:
+            raise fail(key, f"unknown {what} '{name}' (known: {', '.join(known)})")
+    if len(set(raw)) != len(raw):
+        raise fail(key, f"lists a {what} twice")
+    return tuple(raw)
+
+
 def _parse_dtypes(raw: Any, fail) -> tuple[str, ...]:
     if raw is None:
         return DEFAULT_DTYPES
     if not _is_list_of(raw, str) or not raw:
         raise fail("dtypes", f"must be a non-empty list of element types, e.g. [fp16, bf16] (got {raw!r})")
-    for dtype in raw:
-        if dtype not in DTYPES:
-            raise fail("dtypes", f"unknown dtype '{dtype}' (known: {', '.join(DTYPES)})")
-    if len(set(raw)) != len(raw):
-        raise fail("dtypes", "lists a dtype twice")
-    return tuple(raw)
+    return _parse_names(raw, fail, "dtypes", DTYPES, "dtype", "[fp16, bf16]")
 
 
 def _parse_features(raw: Any, fail) -> tuple[str, ...]:
     if raw is None:
         return ()
-    known = ", ".join(FEATURES)
-    if not _is_list_of(raw, str):
-        raise fail("features", f"must be a list of features, e.g. [gqa, backward] (known: {known}; got {raw!r})")
-    for feature in raw:
-        if feature not in FEATURES:
-            raise fail("features", f"unknown feature '{feature}' (known: {known})")
-    if len(set(raw)) != len(raw):
-        raise fail("features", "lists a feature twice")
-    if "backward" in raw and "lse" not in raw:
+    features = _parse_names(raw, fail, "features", tuple(FEATURES), "feature", "[gqa, backward]")
+    if "backward" in features and "lse" not in features:
         raise fail("features", "'backward' needs 'lse' too (the backward reads the forward's log-sum-exp)")
-    return tuple(f for f in FEATURES if f in raw)
+    return tuple(f for f in FEATURES if f in features)
 
 
 def _parse_tune(raw: Any, fail) -> TuneSpace:

@@ -34,6 +34,7 @@ from flashcore_cli.measure.timing import DEFAULT_THRESHOLD, Verdict, timing_verd
 
 DEFAULT_MODE = "cold"  # records written before bench had modes were all cold-L2 timings
 DEFAULT_DTYPE = "fp16"  # records written before bf16 were fp16
+DEFAULT_PASS = "fwd"  # records written before bench --pass timed the forward
 TIMING_KEYS = ("median_us", "p10_us", "p90_us")
 RESULTS_KIND = "flashcore-results"
 # timing_verdict's "same", in words: the footer prints it, and the README says the same (a test holds them).
@@ -81,10 +82,10 @@ def load_record(path: str | Path, mode: str | None = None, data: object = None) 
     return record
 
 
-def record_cases(record: dict) -> set[tuple[str, bool, str, str]]:
-    """(shape, causal, dtype, mode) of every row of a one-mode record."""
-    dtype, mode = record.get("dtype", DEFAULT_DTYPE), record_mode(record)
-    return {(_shape(shape), causal, dtype, mode) for _, shape, causal in keyed_rows(record)}
+def record_cases(record: dict) -> set[tuple[str, bool, str, str, str]]:
+    """(shape, causal, dtype, mode, pass) of every row of a one-mode record."""
+    dtype, mode, passes = record.get("dtype", DEFAULT_DTYPE), record_mode(record), record.get("pass", DEFAULT_PASS)
+    return {(_shape(shape), causal, dtype, mode, passes) for _, shape, causal in keyed_rows(record)}
 
 
 def results_sections(path: Path, data: dict) -> list:
@@ -102,8 +103,8 @@ def results_sections(path: Path, data: dict) -> list:
     return sections
 
 
-def section_key(section) -> tuple[str, bool, str, str]:
-    return _shape(section.shape), section.causal, section.dtype, section.mode
+def section_key(section) -> tuple[str, bool, str, str, str]:
+    return _shape(section.shape), section.causal, section.dtype, section.mode, section.passes
 
 
 def from_results(path: Path, sections: list, wanted: set[tuple[str, bool, str, str]], other: str) -> dict:
@@ -118,7 +119,10 @@ def from_results(path: Path, sections: list, wanted: set[tuple[str, bool, str, s
     dtypes = {s.dtype for s in chosen}
     # Rows match by name, shape and causal; sections of several dtypes (two results files) keep theirs apart by
     # a shape that names the dtype, as the README's tables do ("1,8,512,64 bf16").
-    label = (lambda s: s.shape + ("" if s.dtype == DEFAULT_DTYPE else f" {s.dtype}")) if len(dtypes) > 1 else (lambda s: s.shape)
+    # A pass other than the forward always names itself ("1,8,512,64 fwd+bwd"): its rows are other calls.
+    passes = lambda s: "" if s.passes == DEFAULT_PASS else f" {s.passes}"  # noqa: E731
+    label = (lambda s: s.shape + ("" if s.dtype == DEFAULT_DTYPE else f" {s.dtype}") + passes(s)) if len(dtypes) > 1 else (
+        lambda s: s.shape + passes(s))  # fmt: skip
     return {
         "kind": RESULTS_KIND,
         "mode": mode,
@@ -156,9 +160,9 @@ def _shape(text) -> str:
     return ",".join(part.strip() for part in str(text).split(","))
 
 
-def _case_text(key: tuple[str, bool, str, str]) -> str:
-    shape, causal, dtype, mode = key
-    return f"{shape}{' causal' if causal else ''}{'' if dtype == DEFAULT_DTYPE else ' ' + dtype} {mode}"
+def _case_text(key: tuple[str, bool, str, str, str]) -> str:
+    shape, causal, dtype, mode, passes = key
+    return f"{shape}{' causal' if causal else ''}{'' if dtype == DEFAULT_DTYPE else ' ' + dtype}{'' if passes == DEFAULT_PASS else ' ' + passes} {mode}"
 
 
 def select_mode(path: Path, record: dict, mode: str | None) -> dict:
@@ -279,6 +283,9 @@ def run_compare(path_a: str, path_b: str, threshold: float, mode: str | None = N
             f"{path_a} was timed in {record_mode(a)} mode and {path_b} in {record_mode(b)} mode: times in different "
             "modes measure different things; compare two records of the same mode"
         )
+    pass_a, pass_b = a.get("pass", DEFAULT_PASS), b.get("pass", DEFAULT_PASS)
+    if not (is_results_file(a) or is_results_file(b)) and pass_a != pass_b:
+        raise FlashcoreError(f"{path_a} timed the {pass_a} pass and {path_b} the {pass_b} pass: compare two records of one pass")
     results = compare(a, b, threshold)
     if not any(v is not None for *_, v in results):
         raise FlashcoreError(f"{path_a} and {path_b} have no row in common (same name, shape and causal); nothing to compare")
