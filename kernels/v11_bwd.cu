@@ -1,4 +1,4 @@
-// v11_bwd.cu — v11's backward: FlashAttention-2's algorithm on mma.sync, K/V-stationary, dQ by red.add.
+// v11_bwd.cu — v11's backward: FlashAttention-2's algorithm on mma.sync, K/V-stationary, dQ added in fp32.
 //
 // Idea: the gradient of O = softmax(Q K^T * scale) V needs P again; rather than store it (S x S), recompute it
 // from the forward's row log-sum-exp: P = exp(S * scale - LSE). Three kernels:
@@ -8,7 +8,7 @@
 //          walks every query block (of every query head of its group, under GQA) that can see them, with Q_i,
 //          dO_i, LSE_i, D_i double-buffered by cp.async. Each warp owns 16 keys and computes S^T and dP^T, so
 //          dV += P^T dO and dK += dS^T Q run from registers (fa2_bwd.cuh); dS^T goes through shared memory
-//          once, for dQ_i += dS K_j, which every key block adds into the fp32 accumulator (red.add);
+//          once, for dQ_i += dS K_j, which every key block adds into the fp32 accumulator (below);
 //   dq     dQ = accumulator * scale, rounded to the element type.
 // Causal (bottom-right): a key block starts at the first query block that sees it; only blocks that cross
 // the diagonal are masked. dK and dV are deterministic (one CTA owns each key row); dQ is not bitwise
@@ -16,15 +16,16 @@
 //
 // Change from the rungs below: the first backward of the ladder. v11's forward (v11.cu) writes the LSE.
 //
-// Configuration (V11BwdConfig<D, BLOCK_N, BLOCK_M, KV_IN_REGS>):
-//   D=64   128 keys (8 warps) x 64 queries per step, K and V fragments held in registers
-//   D=128  64 keys (4 warps) x 32 queries per step, K and V re-read from shared memory (no registers left)
+// Configuration (V11BwdConfig<D, BLOCK_N, BLOCK_M, KV_IN_REGS>), 16 keys per warp:
+//   D=64   128 keys (8 warps) x 64 queries per step, K and V fragments held in registers (97 KB on sm_90,
+//          81 KB on the L4); short grids (below one wave of SMs) 32 keys (2 warps) x 64
+//   D=128  sm_90: 128 keys (8 warps) x 64 queries (177 KB); the L4 build and short grids: 64 keys x 32 queries
+//          (68.5 KB); K and V re-read from shared memory (no registers left for their fragments)
 //
 // Run:  flashcore test v11 && flashcore bench v11 --pass bwd --shape 2,16,4096,64
 //
 // dQ: on sm_90 the warps stage dQ_i in shared memory and one thread adds it by TMA reduce-add (a 32-column box
-// per 128 bytes of row); below sm_90 every lane red.adds its fragments. D=128 on sm_90 takes 128 keys x 64
-// queries (177 KB), the L4 build 64 x 32 (68.5 KB).
+// per 128 bytes of row); below sm_90 every lane red.adds its fragments.
 //
 // Measured (H200, cold mode, the backward alone beside SDPA's FA2 and cuDNN backward in the same run; TFLOP/s at
 // 2.5 x the forward's FLOPs):  shape                v11                 FA2 (SDPA flash)   cuDNN
@@ -102,7 +103,7 @@ struct V11BwdConfig {
   static_assert(kSmemBytes <= (fc::kBuildsSm90 ? 227 * 1024 : kBwdMaxSmemBytes), "shared memory per block");
 };
 
-// The tune space (variants.yaml `tune: params:`).
+// Tile sizes as defines, so a registry variant can build another one beside this for a same-run comparison.
 #ifndef V11_BWD_D64_BLOCK_N
 #define V11_BWD_D64_BLOCK_N 128
 #endif
