@@ -46,7 +46,7 @@ HEADER = """\
 // Measured: (from `flashcore bench {name}`, losses included)
 //
 // Scaffolded by `flashcore new {name} --from {src}`: until the lines above are written, this is {src}
-// with its kernels renamed ({renames}).
+// {renames}.
 """
 
 
@@ -108,14 +108,17 @@ def strip_header(source: str) -> str:
 
 
 def scaffold_source(source: str, new: str, old: str) -> tuple[str, dict[str, str]]:
+    """The copy with a fresh header and the kernels the source defines renamed. A rung composed of parts (its
+    kernels defined in the kernels/*.cuh it includes, as v12's) is copied as it is: its plan names the parts'
+    kernels, and a copy that wants kernels of its own copies the part it changes."""
     kernels = global_kernel_names(source)
-    if not kernels:
-        raise FlashcoreError(f"the source of {old} defines no __global__ kernel to rename")
     renames = {k: renamed(k, _identifier(old), new) for k in kernels}
     body = strip_header(source)
     for k, n in renames.items():
         body = re.sub(rf"\b{re.escape(k)}\b", n, body)
-    header = HEADER.format(name=new, src=old, renames=", ".join(f"{k} -> {n}" for k, n in renames.items()))
+    said = (f"with its kernels renamed ({', '.join(f'{k} -> {n}' for k, n in renames.items())})" if renames else
+            "as it is: its kernels are defined in the parts it includes (kernels/*.cuh)")  # fmt: skip
+    header = HEADER.format(name=new, src=old, renames=said)
     return header + body, renames
 
 

@@ -1,0 +1,198 @@
+// mainloop_bwd_sm80.cuh — v11's backward kernels on mma.sync: the prep pass (D = rowsum(dO o O), LSE in log2
+// units, the dQ accumulator zeroed), the main loop of a K/V-stationary CTA over the query blocks that see its
+// keys (S^T, dP^T, dV, dK from registers; dS^T through shared memory for dQ) with its epilogue (dK, dV
+// stored), and the pass that rounds dQ. The warp-level parts are fa2_bwd.cuh; the configuration
+// v11_bwd_traits.cuh; the launcher v11_bwd.cu.
+#pragma once
+
+#include "fa2_bwd.cuh"
+#include "fa2_mma.cuh"
+#include "flashcore.h"
+#include "primitives.cuh"
+#include "tma.cuh"
+#include "v11_bwd_traits.cuh"
+
+#include <cstdint>
+
+// ---- prep: D = rowsum(dO o O) - dLSE, LSE log2 e (padding rows: D = 0, LSE = +inf), dQ accumulator = 0 ----
+// One thread per 8 elements of a row; the kChunks threads of a row are consecutive lanes.
+template <int kHeadDim, class T>
+__global__ void __launch_bounds__(256) v11_bwd_prep(FlashcoreBackwardParams b, Workspace w) {
+  constexpr int kChunks = kHeadDim / 8;
+  const FlashcoreParams& p = b.fwd;
+  const long long thread = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const long long row_flat = thread / kChunks;  // over (b * H + h, padded row)
+  const int chunk = static_cast<int>(thread % kChunks);
+  const long long bh = row_flat / w.padded_rows;
+  const int row = static_cast<int>(row_flat % w.padded_rows);
+  const bool head = bh < static_cast<long long>(p.batch) * p.heads;  // (no early return: the row's lanes shuffle)
+  float dot = 0.f;
+  if (head && row < p.seq_len) {
+    const size_t offset = (static_cast<size_t>(bh) * p.seq_len + row) * kHeadDim + chunk * 8;
+    const uint4 o = *reinterpret_cast<const uint4*>(p.o + offset);
+    const uint4 d_o = *reinterpret_cast<const uint4*>(b.d_o + offset);
+    const T* ov = reinterpret_cast<const T*>(&o);
+    const T* dv = reinterpret_cast<const T*>(&d_o);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) dot += static_cast<float>(ov[i]) * static_cast<float>(dv[i]);
+    float4* acc = reinterpret_cast<float4*>(w.dq_accum + offset);
+    acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+    acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  dot = fc::group_sum<kChunks>(dot);
+  if (head && chunk == 0) {
+    const size_t at = static_cast<size_t>(bh) * w.padded_rows + row;
+    const size_t src = static_cast<size_t>(bh) * p.seq_len + row;
+    w.dsum[at] = row < p.seq_len ? dot - (b.d_lse != nullptr ? b.d_lse[src] : 0.f) : 0.f;
+    w.lse2[at] = row < p.seq_len ? p.lse[src] * kBwdLog2e : INFINITY;
+  }
+}
+
+// ---- main: one CTA per (key block, batch * K/V head) ----
+template <class Cfg, class T>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    v11_bwd(FlashcoreBackwardParams b, Workspace w, const __grid_constant__ CUtensorMap dq_map) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const FlashcoreParams& p = b.fwd;
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
+  const int tid = threadIdx.x, lane = tid % fc::kWarpSize, warp = tid / fc::kWarpSize;
+  const int seq_len = p.seq_len, seq_len_kv = p.seq_len_kv, offset = fc::causal_offset(p);
+  const int n0 = blockIdx.x * kBlockN;  // this CTA's first key
+  const int bh_kv = blockIdx.y;         // b * H_kv + h_kv
+  const int group = p.heads / p.heads_kv;
+  const int bh0 = (bh_kv / p.heads_kv) * p.heads + (bh_kv % p.heads_kv) * group;  // its first query head
+  const size_t kv_base = static_cast<size_t>(bh_kv) * seq_len_kv * kHeadDim;
+  const float scale_log2 = p.scale * kBwdLog2e;
+
+  unsigned char* k_s = smem + Cfg::kKOffset;  // [kBlockN][D], swizzled
+  unsigned char* v_s = smem + Cfg::kVOffset;  // [kBlockN][D]
+  auto q_stage = [&](int s) { return smem + Cfg::kStageOffset + s * 2 * Cfg::kQBytes; };  // [kBlockM][D]
+  auto do_stage = [&](int s) { return q_stage(s) + Cfg::kQBytes; };                        // [kBlockM][D]
+  unsigned char* ds_s = smem + Cfg::kDsOffset;  // dS^T [kBlockN][kBlockM]
+  float* dq_s = reinterpret_cast<float*>(smem + Cfg::kDqOffset);  // [kDqPanels][kBlockM][32] fp32, swizzled (sm_90)
+  auto stats = [&](int s) { return reinterpret_cast<float*>(smem + Cfg::kStatsOffset) + s * 2 * kBlockM; };
+
+  // Query blocks that see any of keys n0..: causal, from the first row i with i + offset >= n0.
+  const int m_first = p.causal ? max(0, n0 - offset) / kBlockM : 0;
+  const int m_blocks = fc::ceil_div(seq_len, kBlockM) - m_first;
+  const int steps = m_blocks > 0 ? m_blocks * group : 0;  // every query head of the group, every block
+
+  auto load_step = [&](int step, int s) {
+    const int bh = bh0 + step / m_blocks;
+    const int m0 = (m_first + step % m_blocks) * kBlockM;
+    const size_t base = static_cast<size_t>(bh) * seq_len * kHeadDim;
+    fc::copy_rows_async<Cfg, kBlockM>(q_stage(s), p.q + base, m0, seq_len, tid);
+    fc::copy_rows_async<Cfg, kBlockM>(do_stage(s), b.d_o + base, m0, seq_len, tid);
+    if (tid < 2 * kBlockM / 4) {  // LSE log2 e, then D: 16 bytes per thread (rows padded to kPadRows)
+      const int half = tid / (kBlockM / 4), i = tid % (kBlockM / 4);
+      const float* src = (half == 0 ? w.lse2 : w.dsum) + static_cast<size_t>(bh) * w.padded_rows + m0 + 4 * i;
+      fc::cp_async_16(stats(s) + half * kBlockM + 4 * i, src, true);
+    }
+  };
+
+  fc::copy_rows_async<Cfg, kBlockN>(k_s, p.k + kv_base, n0, seq_len_kv, tid);
+  fc::copy_rows_async<Cfg, kBlockN>(v_s, p.v + kv_base, n0, seq_len_kv, tid);
+  if (steps > 0) load_step(0, 0);
+  fc::cp_async_commit();
+
+  // Per-lane ldmatrix rows: A fragments and .trans B take (lane % 8) + 8 ((lane / 8) % 2); plain B takes
+  // (lane % 8) + 8 (lane / 16).
+  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int b_row = (lane & 7) + (lane >> 4) * 8;
+  const int key0 = n0 + warp * 16;  // this warp's keys
+  const uint32_t k_lane = fc::smem_addr(k_s) + (warp * 16 + a_row) * Cfg::kRowBytes;
+  const uint32_t v_lane = fc::smem_addr(v_s) + (warp * 16 + a_row) * Cfg::kRowBytes;
+  fc::QFragments<Cfg> k_frag, v_frag;  // the warp's K and V rows as A fragments (kKvInRegs)
+
+  float dk[Cfg::kDTiles][4] = {}, dv[Cfg::kDTiles][4] = {};
+
+  // sm_90: the staged dQ_i of step `step` goes out by TMA reduce-add (thread 0) once every warp has written it
+  auto reduce_dq = [&](int step) {
+    const int bh = bh0 + step / m_blocks, m0 = (m_first + step % m_blocks) * kBlockM;
+#pragma unroll
+    for (int panel = 0; panel < Cfg::kDqPanels; ++panel) {
+      fc::tma_reduce_add_3d(&dq_map, 32 * panel, m0, bh, dq_s + panel * kBlockM * 32);
+    }
+    fc::tma_store_commit();
+  };
+
+  for (int step = 0; step < steps; ++step) {
+    const int s = step & 1;
+    if (step + 1 < steps) load_step(step + 1, s ^ 1);  // stage s ^ 1 was last read before step - 1's dS barrier
+    fc::cp_async_commit();
+    fc::cp_async_wait<1>();
+    __syncthreads();
+    if constexpr (Cfg::kTmaDq) {
+      if (tid == 0 && step > 0) reduce_dq(step - 1);
+    }
+    if constexpr (Cfg::kKvInRegs) {
+      if (step == 0) {
+        fc::load_q_fragments<Cfg>(k_frag, k_lane, lane);
+        fc::load_q_fragments<Cfg>(v_frag, v_lane, lane);
+      }
+    }
+    const int bh = bh0 + step / m_blocks;
+    const int m0 = (m_first + step % m_blocks) * kBlockM;
+
+    // S^T = K_j Q_i^T, dP^T = V_j dO_i^T (16 keys x kBlockM queries per warp)
+    float st[1][Cfg::kNTiles][4], dpt[1][Cfg::kNTiles][4];
+    const uint32_t q_lane = fc::smem_addr(q_stage(s)) + b_row * Cfg::kRowBytes;
+    const uint32_t do_lane = fc::smem_addr(do_stage(s)) + b_row * Cfg::kRowBytes;
+    fc::warp_scores<Cfg, T>(st, k_frag, k_lane, q_lane, lane);
+    fc::warp_scores<Cfg, T>(dpt, v_frag, v_lane, do_lane, lane);
+    if (p.causal && key0 + 15 > m0 + offset) fc::mask_causal_t<Cfg>(st, key0, m0, offset, lane);
+    // P^T = exp(S^T * scale - LSE), dS^T = P^T o (dP^T - D)
+    fc::probabilities_and_ds_t<Cfg>(st, dpt, stats(s), stats(s) + kBlockM, scale_log2, lane);
+    // dV += P^T dO_i, dK += dS^T Q_i
+    fc::accumulate_t<Cfg, T>(st, dv, fc::smem_addr(do_stage(s)) + a_row * Cfg::kRowBytes, lane);
+    fc::accumulate_t<Cfg, T>(dpt, dk, fc::smem_addr(q_stage(s)) + a_row * Cfg::kRowBytes, lane);
+    fc::store_ds_t<Cfg, T>(ds_s, dpt, warp * 16, lane);
+    if constexpr (Cfg::kTmaDq) {
+      if (tid == 0) fc::tma_store_wait_read<0>();  // the last step's dQ has left the staging tile
+    }
+    __syncthreads();
+    // dQ_i += dS K_j, this warp's share, into the accumulator
+#pragma unroll
+    for (int unit = warp; unit < Cfg::kDqUnits; unit += Cfg::kWarps) {
+      const int mtile = unit % Cfg::kDqMTiles, tile0 = (unit / Cfg::kDqMTiles) * Cfg::kDqTiles;
+      float dq[Cfg::kDqTiles][4];
+      fc::dq_partial<Cfg, T>(dq, ds_s, fc::smem_addr(k_s), mtile, tile0, lane);
+      if constexpr (Cfg::kTmaDq) {
+        fc::stage_dq<Cfg>(dq_s, dq, mtile, tile0, lane);
+      } else {
+        fc::red_add_dq<Cfg>(w.dq_accum + static_cast<size_t>(bh) * seq_len * kHeadDim, dq, m0 + 16 * mtile, tile0,
+                            seq_len, lane);
+      }
+    }
+    if constexpr (Cfg::kTmaDq) fc::fence_proxy_async_shared();  // the TMA unit reads what the warps wrote
+  }
+  fc::cp_async_wait<0>();
+  if constexpr (Cfg::kTmaDq) {
+    __syncthreads();
+    if (tid == 0 && steps > 0) {
+      reduce_dq(steps - 1);
+      fc::tma_store_wait<0>();
+    }
+  }
+
+  // dK = scale dS^T Q, dV = P^T dO for this warp's 16 keys (zeros where no query sees them)
+  fc::store_rows_t<Cfg, T>(b.dk + kv_base, dk, p.scale, key0, seq_len_kv, lane);
+  fc::store_rows_t<Cfg, T>(b.dv + kv_base, dv, 1.f, key0, seq_len_kv, lane);
+}
+
+// ---- dq: dQ = scale * accumulator, 8 elements per thread ----
+template <class T>
+__global__ void __launch_bounds__(256) v11_bwd_dq(FlashcoreBackwardParams b, Workspace w, long long chunks) {
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= chunks) return;
+  const float4* src = reinterpret_cast<const float4*>(w.dq_accum) + 2 * i;
+  const float4 lo = src[0], hi = src[1];
+  const float s = b.fwd.scale;
+  uint4 out;
+  out.x = fc::Element<T>::pack(lo.x * s, lo.y * s);
+  out.y = fc::Element<T>::pack(lo.z * s, lo.w * s);
+  out.z = fc::Element<T>::pack(hi.x * s, hi.y * s);
+  out.w = fc::Element<T>::pack(hi.z * s, hi.w * s);
+  reinterpret_cast<uint4*>(b.dq)[i] = out;
+}
+
