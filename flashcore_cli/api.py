@@ -287,8 +287,8 @@ def _plain_cuda(t) -> bool:
 
 
 def _build(variant: Variant, arch: str, force: bool):
-    from flashcore_cli.build.jit import build_variant
-    from flashcore_cli.build.tuned import current_gpu_name, tuned_defines
+    from flashcore_cli.builder.jit import build_variant
+    from flashcore_cli.builder.tuned import current_gpu_name, tuned_defines
 
     defines = tuned_defines(variant.name, current_gpu_name())
     return build_variant(variant, arch, force=force, extra_defines=defines or None)
@@ -299,7 +299,7 @@ def load_variant(name: str, *, registry=None, arch: str | None = None, force: bo
     op flashcore::<name>. Raises FlashcoreError for an unknown variant or a broken registry,
     FlashcoreEnvironmentError (a RuntimeError) where this machine cannot build it (a CPU build of torch, a GPU
     the variant does not run on), BuildError when the compiler fails."""
-    from flashcore_cli.build.toolchain import cpu_torch_problem
+    from flashcore_cli.builder.toolchain import cpu_torch_problem
 
     variant = load_registry(registry).get(name)
     problem = cpu_torch_problem()

@@ -148,7 +148,7 @@ def register(app, handle_errors) -> None:
         from_: Annotated[str, typer.Option("--from", help="the variant to start from, e.g. v8")],
     ) -> int:
         """Scaffold a variant from another: kernels/NAME.cu with a fresh header, renamed kernels, a registry entry."""
-        from flashcore_cli.build.scaffold import run_new
+        from flashcore_cli.builder.scaffold import run_new
 
         return run_new(ctx.obj["registry"], name, from_)
 

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from rich.markup import escape
 from rich.table import Table
 
-from flashcore_cli.build.toolchain import require_cuda_torch
+from flashcore_cli.builder.toolchain import require_cuda_torch
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.registry.archs import parse_arch, parse_archs
 from flashcore_cli.registry.variants import load_registry
@@ -54,8 +54,8 @@ def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
     needs the shared binding compiles it, the others wait for it)."""
     from rich.markup import escape
 
-    from flashcore_cli.build.jit import find_cached
-    from flashcore_cli.build.tuned import has_tuned
+    from flashcore_cli.builder.jit import find_cached
+    from flashcore_cli.builder.tuned import has_tuned
     from flashcore_cli.core.isolate import WorkerOutcome, run_worker, stop_on_interrupt
     from flashcore_cli.core.records import usable_cache
 
@@ -138,7 +138,7 @@ def _build_word(outcome) -> str:
 def cmd_ptxas(registry_path, names, all_, arch_text, json_path, fail_on_spill) -> int:
     import json
 
-    from flashcore_cli.build.ptxas import TRIVIAL_REGISTERS, report_all
+    from flashcore_cli.builder.ptxas import TRIVIAL_REGISTERS, report_all
     from flashcore_cli.core.records import output_file, write_output
 
     reg = load_registry(registry_path)

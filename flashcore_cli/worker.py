@@ -30,10 +30,10 @@ class Events:
 
 def _build(spec: dict, events: Events):
     from flashcore_cli.api import Attention
-    from flashcore_cli.build.jit import BuildError, build_variant
+    from flashcore_cli.builder.jit import BuildError, build_variant
     from flashcore_cli.registry.variants import load_registry
 
-    from flashcore_cli.build.tuned import tuned_defines_here
+    from flashcore_cli.builder.tuned import tuned_defines_here
 
     variant = load_registry(spec["registry"]).get(spec["variant"])
     explicit = spec.get("defines") or {}

@@ -54,7 +54,7 @@ def stress(args) -> int:
     variants = [registry.get(name) for name in args.variants]  # every name checked before any work
     import torch
 
-    from flashcore_cli.build.toolchain import find_nvcc, require_cuda_torch
+    from flashcore_cli.builder.toolchain import find_nvcc, require_cuda_torch
     from flashcore_cli.core.records import usable_cache
 
     find_nvcc()

@@ -79,7 +79,7 @@ def said(result) -> str:
 
 @pytest.fixture
 def nvcc():
-    from flashcore_cli.build.toolchain import find_nvcc
+    from flashcore_cli.builder.toolchain import find_nvcc
     from flashcore_cli.core.errors import FlashcoreError
 
     try:
@@ -102,7 +102,7 @@ def host_check_program(tmp_path_factory, source: Path, target: str) -> Path:
     skips the test where nvcc is not installed."""
     import subprocess
 
-    from flashcore_cli.build.toolchain import find_nvcc
+    from flashcore_cli.builder.toolchain import find_nvcc
     from flashcore_cli.core.errors import FlashcoreError
 
     try:

@@ -16,7 +16,7 @@ from flashcore_cli.cli import app
 from flashcore_cli.check.correctness import plan_cases, run_variant
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.registry.variants import load_registry
-from flashcore_cli.build.toolchain import gencode
+from flashcore_cli.builder.toolchain import gencode
 
 REGISTRY = FIXTURES / "registries" / "archs.yaml"
 runner = CliRunner(env={"COLUMNS": "200"})
@@ -128,7 +128,7 @@ def test_the_fixture_really_needs_sm_90a(tmp_path, nvcc):
 
 @pytest.fixture
 def cuobjdump():
-    from flashcore_cli.build import cudatools
+    from flashcore_cli.builder import cudatools
     if cudatools.locate("cuobjdump") is None:
         pytest.skip("cuobjdump is not installed")
 

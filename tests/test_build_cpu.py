@@ -50,7 +50,7 @@ DRIVER = textwrap.dedent(
     import torch
     from torch.utils import cpp_extension
     cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"]  # a CPU torch looks for none
-    from flashcore_cli.build.jit import BINDING_OBJECT, binding_dir, build_variant
+    from flashcore_cli.builder.jit import BINDING_OBJECT, binding_dir, build_variant
     from flashcore_cli.registry.variants import load_registry
 
     registry, source = sys.argv[1], Path(sys.argv[2])
@@ -96,7 +96,7 @@ def stand_ins(root):
 
 
 def test_the_binding_is_built_once_and_an_edit_recompiles_only_the_variant(tmp_path, nvcc):
-    from flashcore_cli.build.toolchain import cuda_home
+    from flashcore_cli.builder.toolchain import cuda_home
 
     project = tmp_path / "project"
     kernels = project / "kernels"

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from conftest import REPO, cells
-from flashcore_cli.build import cache, jit
-from flashcore_cli.build.cache import binding_key, build_key
+from flashcore_cli.builder import cache, jit
+from flashcore_cli.builder.cache import binding_key, build_key
 from flashcore_cli.registry.variants import load_registry
 
 
@@ -171,7 +171,7 @@ def test_build_with_force_or_a_tuned_winner_goes_to_a_worker(project, fresh_cach
     from typer.testing import CliRunner
 
     from flashcore_cli import commands
-    from flashcore_cli.build.tuned import store_tuned
+    from flashcore_cli.builder.tuned import store_tuned
     from flashcore_cli.cli import app
     from flashcore_cli.core.isolate import WorkerOutcome
 
@@ -220,9 +220,9 @@ def test_build_all_runs_one_worker_per_variant(project, fresh_cache, monkeypatch
 
 NO_TORCH = """
 import sys
-from flashcore_cli.build.toolchain import cpu_torch_problem, gpu_visible, torch_metadata
+from flashcore_cli.builder.toolchain import cpu_torch_problem, gpu_visible, torch_metadata
 meta = torch_metadata(); cpu_torch_problem(); gpu_visible()
-from flashcore_cli.build.jit import find_cached
+from flashcore_cli.builder.jit import find_cached
 from flashcore_cli.registry.variants import load_registry
 find_cached(load_registry(sys.argv[1]).get("k"), "sm_90")
 assert "torch" not in sys.modules, "torch was imported"
@@ -239,7 +239,7 @@ def test_keys_and_checks_import_no_torch_and_read_torch_s_own_values(project, fr
 
 
 def test_gpu_visible_honours_cuda_visible_devices(monkeypatch):
-    from flashcore_cli.build import toolchain
+    from flashcore_cli.builder import toolchain
 
     monkeypatch.setattr(toolchain, "torch_metadata", lambda: {"torch": "2.11.0+cu130", "cuda": "13.0"})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

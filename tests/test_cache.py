@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from conftest import REPO
-from flashcore_cli.build.cache import cache_key, source_closure
+from flashcore_cli.builder.cache import cache_key, source_closure
 from flashcore_cli.registry.variants import load_registry
 
 

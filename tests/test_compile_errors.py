@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO, said
-from flashcore_cli.build.ptxas import first_errors
+from flashcore_cli.builder.ptxas import first_errors
 from flashcore_cli.cli import app
 
 runner = CliRunner()

@@ -2,7 +2,7 @@
 
 from typer.testing import CliRunner
 
-from flashcore_cli.build import cudatools
+from flashcore_cli.builder import cudatools
 from flashcore_cli.cli import app
 
 

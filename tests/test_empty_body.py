@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO, said
-from flashcore_cli.build import cudatools
-from flashcore_cli.build.ptxas import KernelResources, TRIVIAL_INSTRUCTIONS, TRIVIAL_REGISTERS, _trivial_resources
+from flashcore_cli.builder import cudatools
+from flashcore_cli.builder.ptxas import KernelResources, TRIVIAL_INSTRUCTIONS, TRIVIAL_REGISTERS, _trivial_resources
 from flashcore_cli.cli import app
 from flashcore_cli.inspect.sass import KernelSass
 
@@ -79,7 +79,7 @@ def test_sass_flags_a_compiled_out_body_and_names_the_cause(project, nvcc, tmp_p
 def test_small_passes_beside_a_real_kernel_are_not_flagged():
     """v11's backward prep and dQ conversion are elementwise kernels of ~20 registers: a variant with some real
     kernel is not warned about; one whose every kernel looks empty is."""
-    from flashcore_cli.build.ptxas import KernelResources, empty_body_warnings
+    from flashcore_cli.builder.ptxas import KernelResources, empty_body_warnings
     from flashcore_cli.registry.variants import load_registry
 
     variant = load_registry().get("v11")

@@ -54,7 +54,7 @@ def check_against_sdpa(module) -> None:
 
 
 def test_an_edit_recompiles_only_the_variant_and_a_revert_is_a_cache_hit(project, fresh_cache):
-    from flashcore_cli.build.jit import BINDING_OBJECT, binding_dir, build_variant
+    from flashcore_cli.builder.jit import BINDING_OBJECT, binding_dir, build_variant
 
     arch = gpu_arch()
     first = build_variant(variant(project), arch)
@@ -96,7 +96,7 @@ def test_an_edited_variant_passes_flashcore_test(project, fresh_cache):
 BUILD_AND_CALL = textwrap.dedent(
     """
     import sys, torch
-    from flashcore_cli.build.jit import build_variant
+    from flashcore_cli.builder.jit import build_variant
     from flashcore_cli.registry.variants import load_registry
     v = load_registry(sys.argv[1]).get("v8")
     major, minor = torch.cuda.get_device_capability()

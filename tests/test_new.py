@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from conftest import REPO, cells, said
 from flashcore_cli.cli import app
 from flashcore_cli.registry.variants import load_registry
-from flashcore_cli.build.scaffold import global_kernel_names, renamed, strip_header
+from flashcore_cli.builder.scaffold import global_kernel_names, renamed, strip_header
 
 REGISTRY = """\
 # A registry with comments that must survive the scaffold.

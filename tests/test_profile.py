@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import FIXTURES
-from flashcore_cli.build import cudatools
+from flashcore_cli.builder import cudatools
 from flashcore_cli.cli import app
 from flashcore_cli.inspect.profile import METRICS, failed_metrics, function_name, kernel_regex, ncu_problem, parse_ncu_details
 
@@ -88,10 +88,10 @@ def test_the_command_end_to_end_with_a_replayed_report(monkeypatch, tmp_path):
 
     from flashcore_cli.inspect import profile
 
-    from flashcore_cli.build import ptxas
+    from flashcore_cli.builder import ptxas
     from flashcore_cli.core.isolate import WorkerOutcome
     from flashcore_cli.inspect.profile import TENSOR_GMMA
-    from flashcore_cli.build.ptxas import KernelResources, VariantReport
+    from flashcore_cli.builder.ptxas import KernelResources, VariantReport
 
     attempts = []
 
@@ -132,9 +132,9 @@ def test_denied_counters_are_a_clear_exit_2(monkeypatch, tmp_path):
 
     from flashcore_cli.core import isolate
 
-    from flashcore_cli.build import ptxas
+    from flashcore_cli.builder import ptxas
     from flashcore_cli.core.isolate import WorkerOutcome
-    from flashcore_cli.build.ptxas import KernelResources, VariantReport
+    from flashcore_cli.builder.ptxas import KernelResources, VariantReport
 
     def fake_run_worker(spec, *, run_timeout, prefix=None, env=None, **_):
         if spec["task"] == "launch":

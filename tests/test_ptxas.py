@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from flashcore_cli.registry.archs import ARCHS
 from flashcore_cli.cli import app
-from flashcore_cli.build.ptxas import KernelResources, occupancy, parse_ptxas
+from flashcore_cli.builder.ptxas import KernelResources, occupancy, parse_ptxas
 
 CAPTURED = """\
 ptxas info    : 0 bytes gmem

@@ -5,7 +5,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import FIXTURES, cells
-from flashcore_cli.build import cudatools
+from flashcore_cli.builder import cudatools
 from flashcore_cli.cli import app
 from flashcore_cli.inspect.sanitize import TOOLS, parse_location, parse_sanitizer
 

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import FIXTURES, said
-from flashcore_cli.build import cudatools
+from flashcore_cli.builder import cudatools
 from flashcore_cli.cli import app
 from flashcore_cli.inspect.sass import parse_sass
 

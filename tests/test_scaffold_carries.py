@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import REPO, said
-from flashcore_cli.build.scaffold import differences
+from flashcore_cli.builder.scaffold import differences
 from flashcore_cli.cli import app
 from flashcore_cli.registry.variants import load_registry
 

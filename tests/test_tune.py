@@ -10,7 +10,7 @@ from conftest import FIXTURES
 from flashcore_cli.cli import app
 from flashcore_cli.registry.constraints import compile_constraint
 from flashcore_cli.core.errors import FlashcoreError
-from flashcore_cli.build.ptxas import KernelResources, VariantReport
+from flashcore_cli.builder.ptxas import KernelResources, VariantReport
 from flashcore_cli.registry.variants import TuneSpace
 from flashcore_cli.measure.tune import Candidate, grid, judge, parse_params
 
@@ -132,7 +132,7 @@ def test_tune_without_a_tune_block_is_exit_2():
 def test_tune_stores_the_winner_for_this_gpu(tmp_path, monkeypatch, fresh_cache):
     import torch
 
-    from flashcore_cli.build.tuned import tuned_defines, tuned_path
+    from flashcore_cli.builder.tuned import tuned_defines, tuned_path
 
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path / "results"))
     args = ["--registry", TUNE_REGISTRY, "tune", "tunable", "--param", "FC_TUNE_UNUSED=1,2,3", "--shape", "1,2,128,64"]
@@ -161,9 +161,9 @@ def test_the_command_end_to_end_with_fake_trials(monkeypatch, tmp_path, fresh_ca
     trial specs, the ranking and the stored winner are real."""
     from flashcore_cli.measure import gpus
     from flashcore_cli.core import isolate
-    from flashcore_cli.build import ptxas
+    from flashcore_cli.builder import ptxas
     from flashcore_cli.core.isolate import WorkerOutcome
-    from flashcore_cli.build.tuned import tuned_defines
+    from flashcore_cli.builder.tuned import tuned_defines
 
     specs = []
 

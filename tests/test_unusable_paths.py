@@ -131,7 +131,7 @@ def test_ptxas_json_creates_its_folder(tmp_path, nvcc, fresh_cache):
 
 @pytest.fixture
 def cuobjdump():
-    from flashcore_cli.build import cudatools
+    from flashcore_cli.builder import cudatools
 
     if cudatools.locate("cuobjdump") is None:
         pytest.skip("cuobjdump is not installed (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")

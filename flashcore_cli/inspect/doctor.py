@@ -65,7 +65,7 @@ def gpu_check() -> Check:
 
 def nvcc_check() -> Check:
     from flashcore_cli.core.errors import FlashcoreError
-    from flashcore_cli.build.toolchain import find_nvcc, nvcc_version
+    from flashcore_cli.builder.toolchain import find_nvcc, nvcc_version
 
     try:
         nvcc = find_nvcc()
@@ -102,7 +102,7 @@ def package_checks() -> list[Check]:
 
 
 def tool_checks() -> list[Check]:
-    from flashcore_cli.build.cudatools import HOW_TO_GET, locate
+    from flashcore_cli.builder.cudatools import HOW_TO_GET, locate
 
     needed = {"ncu": "profile", "compute-sanitizer": "sanitize", "cuobjdump": "sass", "nvdisasm": "sass (cuobjdump 13 runs it)"}
     checks = []

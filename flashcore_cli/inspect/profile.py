@@ -209,9 +209,9 @@ def collect(ncu: Path, regex: str, launch, workdir: Path) -> tuple[Path, list[Pr
 def run_profile(registry_path, name: str, shape_text: str | None, causal: bool, timeout: float, arch_text) -> int:
     from flashcore_cli.registry.archs import parse_arch, parse_archs
     from flashcore_cli.core.console import console, require_gpu
-    from flashcore_cli.build.cudatools import require
+    from flashcore_cli.builder.cudatools import require
     from flashcore_cli.inspect.launch import build_first, launch_under
-    from flashcore_cli.build.ptxas import compile_probe
+    from flashcore_cli.builder.ptxas import compile_probe
     from flashcore_cli.core.records import save_record
     from flashcore_cli.core.records import nvidia_smi
     from flashcore_cli.registry.variants import load_registry

@@ -124,7 +124,7 @@ def _continuation(issue: SanitizerIssue, line: str) -> None:
 
 # ---------------------------------------------------------------- running it
 def sanitizer_command(tool: str, log: Path) -> list[str]:
-    from flashcore_cli.build.cudatools import require
+    from flashcore_cli.builder.cudatools import require
 
     exe = require("compute-sanitizer", "`flashcore sanitize`")
     return [str(exe), "--tool", tool, "--log-file", str(log), "--print-limit", "100", "--show-backtrace", "device"]

@@ -21,12 +21,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashcore_cli.build.cudatools import env_with_nvdisasm, require
+from flashcore_cli.builder.cudatools import env_with_nvdisasm, require
 from flashcore_cli.core.errors import FlashcoreError
-from flashcore_cli.build.ptxas import TRIVIAL_INSTRUCTIONS, empty_body_warnings, first_errors
+from flashcore_cli.builder.ptxas import TRIVIAL_INSTRUCTIONS, empty_body_warnings, first_errors
 from flashcore_cli.core.isolate import run_tool
 from flashcore_cli.registry.variants import Variant
-from flashcore_cli.build.toolchain import BASE_NVCC_FLAGS, define_flags, demangle, find_nvcc, gencode
+from flashcore_cli.builder.toolchain import BASE_NVCC_FLAGS, define_flags, demangle, find_nvcc, gencode
 
 _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)")
 # "        /*0070*/      @!P0 HMMA.16816.F32 R4, R8, R12, R4 ;   /* 0x... */"

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from flashcore_cli.build.ptxas import KernelResources, kernel_base_name
+from flashcore_cli.builder.ptxas import KernelResources, kernel_base_name
 from flashcore_cli.check.correctness import CaseOutcome, VariantOutcome
 from flashcore_cli.core.errors import EXIT_INTERRUPTED, FlashcoreError
 
@@ -93,7 +93,7 @@ class WatchSteps:
 
 def watched_files(registry, variant) -> list[Path]:
     """The variant's sources, every header they include from the project, and the registry file."""
-    from flashcore_cli.build.cache import source_closure
+    from flashcore_cli.builder.cache import source_closure
 
     files = source_closure(list(variant.sources), [variant.kernels_dir])
     registry_path = getattr(registry, "path", None)

@@ -67,7 +67,7 @@ def extension_key(arch: str) -> str:
 
     import torch
 
-    from flashcore_cli.build.toolchain import nvcc_version
+    from flashcore_cli.builder.toolchain import nvcc_version
 
     parts = [SOURCE.read_text(), torch.__version__, torch.version.cuda, sysconfig.get_config_var("EXT_SUFFIX"), arch, nvcc_version()]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
@@ -78,7 +78,7 @@ def load_extension():
     import torch
 
     from flashcore_cli.core.records import cache_root
-    from flashcore_cli.build.toolchain import gencode
+    from flashcore_cli.builder.toolchain import gencode
 
     major, minor = torch.cuda.get_device_capability()
     arch = f"sm_{major}{minor}"

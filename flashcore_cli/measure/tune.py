@@ -89,7 +89,7 @@ def probe_limits(variant: Variant, arch: str, head_dim: int, candidates: list[Ca
     """Compile each remaining candidate with the ptxas probe (no GPU); skip those that spill or do not fit."""
     import os
 
-    from flashcore_cli.build.ptxas import compile_probe
+    from flashcore_cli.builder.ptxas import compile_probe
 
     todo = [c for c in candidates if not c.skipped]
 
@@ -201,7 +201,7 @@ def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup
     from flashcore_cli.registry.shapes import MISSION_SHAPE, Case, parse_shape
     from flashcore_cli.core.records import clocks
     from flashcore_cli.measure.timing import parse_modes
-    from flashcore_cli.build.tuned import store_tuned
+    from flashcore_cli.builder.tuned import store_tuned
 
     (mode,) = parse_modes(mode_text, several=False)
     reg = load_registry(registry_path)

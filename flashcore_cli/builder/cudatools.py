@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from flashcore_cli.core.errors import FlashcoreError
-from flashcore_cli.build.toolchain import cuda_home
+from flashcore_cli.builder.toolchain import cuda_home
 
 HOW_TO_GET = {
     "cuobjdump": "`pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` (cuobjdump 13 needs nvdisasm too), "

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 from flashcore_cli.registry.variants import Variant
-from flashcore_cli.build.toolchain import (
+from flashcore_cli.builder.toolchain import (
     BASE_NVCC_FLAGS,
     TORCH_BUILD_NVCC_FLAGS,
     host_compiler,

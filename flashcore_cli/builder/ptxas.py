@@ -28,12 +28,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from flashcore_cli.registry.archs import ArchLimits, limits
-from flashcore_cli.build.cache import cache_key
+from flashcore_cli.builder.cache import cache_key
 from flashcore_cli.core.isolate import run_tool, stop_on_interrupt
 from flashcore_cli.core.records import usable_cache
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.registry.variants import Variant
-from flashcore_cli.build.toolchain import BASE_NVCC_FLAGS, define_flags, demangle, find_nvcc, gencode
+from flashcore_cli.builder.toolchain import BASE_NVCC_FLAGS, define_flags, demangle, find_nvcc, gencode
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
 _PROPS = re.compile(r"Function properties for (\S+?):?\s*$")
@@ -337,7 +337,7 @@ def empty_body_warnings(variant: Variant, arch: str, kernels: list, what: str, t
 def _arch_feature_guard(variant: Variant) -> tuple[str, str, str | None] | None:
     """(the macro, the file, the target that defines it) of the first arch-specific feature test in the
     variant's sources and the headers they include, or None."""
-    from flashcore_cli.build.cache import source_closure
+    from flashcore_cli.builder.cache import source_closure
     from flashcore_cli.registry.archs import ARCH_SPECIFIC
 
     try:
