@@ -249,6 +249,14 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   }
 
   if constexpr (kSplit == 1) {
+    if constexpr (!kTma && !Cfg::kQFromGlobal) {
+      // A CTA that sees no key (causal, S > S_kv: its rows come before the first visible one) never entered
+      // the loop, whose first wait covers Q_i's cp.async copies: wait here, or they land over the staged O.
+      if (n_tiles == 0) {
+        fc::cp_async_wait<0>();
+        __syncthreads();
+      }
+    }
     // O_i = diag(1 / l_i) O_i, staged as fp16 over this warp's own Q_i rows (only this warp ever reads them).
     fc::store_warp_rows<Cfg, T>(q_s, row_warp * kWarpM, o, warp_row0, seq_len, o_acc, l_i, lane);
     if (p.lse != nullptr) {
