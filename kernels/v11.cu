@@ -6,7 +6,9 @@
 // tiles ARE the A fragment of the next mma, P V runs straight from those registers. K_j and V_j stream through
 // a cp.async ring in XOR-swizzled shared memory, read by ldmatrix .x4 (.trans for V) free of bank conflicts.
 // Parts: v11_traits.cuh (the tile configurations), mainloop_fwd_sm80.cuh (a CTA's prologue, main loop and epilogue),
-// fa2_mma.cuh (the warp's fragments), tma.cuh; this file has the kernels and the launcher. Backward: v11_bwd.cu.
+// fa2_mma.cuh (the warp's fragments), tma.cuh, v11_kernels.cuh (the kernels and their launcher, instantiated here for
+// fp16 and in v11_bf16.cu for bf16: two translation units that compile in parallel); this file holds the contract's
+// entry points. Backward: v11_bwd.cu.
 //
 // Change from the rungs below (v8-v10, WMMA): WMMA's fragment layout is unspecified, so they sent every tile's
 // scores through shared memory for the softmax, and P again for P V, with barriers between; PTX specifies
@@ -20,7 +22,8 @@
 // The long D=64 kernel does the same on sm_90 (LongTmaD64: LongD64's tiles, one S at a time, 221 registers).
 // Causal: tiles past a warp's last row are skipped, only diagonal tiles build masks, heaviest query tiles first.
 // bf16: every kernel also exists as *_bf16 (mma .bf16, P and O rounded to bf16, a bf16 ones column for l_i,
-// BFLOAT16 tensor maps); the fp16 kernels are unchanged (same SASS opcodes; sm_90's LongD128 swaps two registers).
+// BFLOAT16 tensor maps, in v11_bf16.cu); the fp16 kernels are unchanged (same SASS opcodes; sm_90's LongD128
+// swaps two registers).
 // Grouped-query heads and S_kv != S: a CTA of query head h reads K/V head h / (H / H_kv), key tiles run over S_kv
 // and the causal mask is bottom-right (row i sees keys j <= i + S_kv - S); the row LSE is written when asked (the
 // backward, v11_bwd.cu, reads it). Same run beside the build before (H200, cold): 1,8,512,64 8.2 vs 8.2 us,
@@ -65,247 +68,19 @@
 // sm_90 9.4 vs 9.1; next S before this softmax (cp.async) 10.6 vs 9.5; wider TMA tiles 8.3-8.7 (over the L4's
 // 99 KB); 16-row CTAs two per SM 9.0-9.3; FlashAttention-4's lazy rescale (never faster, 1.75x FA2's error).
 #include "flashcore.h"
-#include "mainloop_fwd_sm80.cuh"
-#include "tma.cuh"
-#include "v11_traits.cuh"
+#include "v11_kernels.cuh"
 
-#include <cstdint>
-#include <type_traits>
-
-
-template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
-__global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
-                                  kMinBlocks) v11_fwd(FlashcoreParams p) {
-  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, false, __half>(p, nullptr, nullptr);
-}
-
-// The same kernels on bf16 tensors (mma .bf16, bf16 rounding of P and O); the fp16 ones keep their names.
-template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
-__global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
-                                  kMinBlocks) v11_fwd_bf16(FlashcoreParams p) {
-  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, false, __nv_bfloat16>(p, nullptr,
-                                                                                                     nullptr);
-}
-
-// sm_90's short D=64 kernel: the tensor maps are kernel parameters (__grid_constant__: TMA reads them
-// where they are). Only an sm_90+ build instantiates it (fc::kBuildsSm90 in forward and flashcore_plan).
-template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
-__global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
-                                  kMinBlocks)
-    v11_fwd_tma(FlashcoreParams p, const __grid_constant__ CUtensorMap tmap_k,
-                const __grid_constant__ CUtensorMap tmap_v) {
-  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, true, __half>(p, &tmap_k, &tmap_v);
-}
-
-template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
-__global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
-                                  kMinBlocks)
-    v11_fwd_tma_bf16(FlashcoreParams p, const __grid_constant__ CUtensorMap tmap_k,
-                     const __grid_constant__ CUtensorMap tmap_v) {
-  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, true, __nv_bfloat16>(p, &tmap_k,
-                                                                                                    &tmap_v);
-}
-
-// The configuration heuristic, in one place. Split the keys inside the CTA only when the long
-// configuration's grid would not fill the GPU once: below that the run is one short wave whose length is
-// the per-warp chain, so more CTAs, each with a fraction of the chain, is the win; above it every SM
-// already has work and the merge would be pure overhead. Causal masking does not change the choice (it halves the
-// work of both regimes alike).
-enum class Regime { kLong, kShort };
-constexpr int kSplitBelowWaves = 1;  // SHORT when the long grid is below this many waves of SMs
-
-static Regime pick_regime(int batch_heads, int seq_len, int long_block_m, int num_sms) {
-  const long long long_ctas = static_cast<long long>(batch_heads) * fc::ceil_div(seq_len, long_block_m);
-  return long_ctas < static_cast<long long>(kSplitBelowWaves) * num_sms ? Regime::kShort : Regime::kLong;
-}
-
-// The kernel's name as c++filt prints it, for the plan (e.g. "v11_fwd<64, 128, 64, 32, 2, 1, 2>").
-template <class Cfg>
-struct KernelName {
-  char text[64];
-  explicit KernelName(const char* kernel) {
-    snprintf(text, sizeof(text), "%s<%d, %d, %d, %d, %d, %d, %d>", kernel, Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN,
-             Cfg::kWarpM, Cfg::kStages, Cfg::kSplit, Cfg::kMinBlocks);
-  }
-};
-
-template <class Cfg, class T>
-static const char* kernel_name() {
-  static const KernelName<Cfg> name(std::is_same_v<T, __nv_bfloat16> ? "v11_fwd_bf16" : "v11_fwd");
-  return name.text;
-}
-
-template <class Cfg, class T>
-static const char* tma_kernel_name() {
-  static const KernelName<Cfg> name(std::is_same_v<T, __nv_bfloat16> ? "v11_fwd_tma_bf16" : "v11_fwd_tma");
-  return name.text;
-}
-
-template <class Cfg, class T>
-static constexpr auto kernel_of() {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return v11_fwd_bf16<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit,
-                        Cfg::kMinBlocks>;
-  } else {
-    return v11_fwd<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit,
-                   Cfg::kMinBlocks>;
-  }
-}
-
-template <class Cfg, class T>
-static constexpr auto tma_kernel_of() {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return v11_fwd_tma_bf16<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit,
-                            Cfg::kMinBlocks>;
-  } else {
-    return v11_fwd_tma<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit,
-                       Cfg::kMinBlocks>;
-  }
-}
-
-// Raising a kernel's shared-memory limit is a driver call of about a microsecond: at 1,8,512,64 that would be
-// a visible part of the whole run, so it is done once per process and kernel, as PyTorch does.
-template <auto kKernel, int kBytes>
-static const char* allow_smem_once() {
-  static const bool ready = fc::allow_dynamic_smem(kKernel, kBytes) == nullptr;
-  return ready ? nullptr : fc::allow_dynamic_smem(kKernel, kBytes);
-}
-
-// The in-CTA kernels' grid: query tiles by batch * heads, the order query_tile_fastest picks.
-template <class Cfg>
-static const char* query_grid(const FlashcoreParams& p, dim3* grid) {
-  const unsigned tiles = fc::ceil_div(p.seq_len, Cfg::kBlockM), heads = p.batch * p.heads;
-  *grid = query_tile_fastest(p.causal, Cfg::kHeadDim) ? dim3(tiles, heads) : dim3(heads, tiles);
-  if (grid->y > 65535) return fc::message("v11: grid y of %u exceeds the limit (65535)", grid->y);
-  return nullptr;
-}
-
-template <class Cfg, class T>
-static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
-  constexpr auto kernel = kernel_of<Cfg, T>();
-  if (const char* err = allow_smem_once<kernel, Cfg::kSmemBytes>()) return err;
-  dim3 grid;
-  if (const char* err = query_grid<Cfg>(p, &grid)) return err;
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  return fc::launch_status();
-}
-
-// A [B * H_kv][S_kv][D] fp16 (bf16) tensor as a 3-D map whose boxes are a stage's kTileN rows x D (D = 64: one 128-byte row
-// per box row), swizzled 128 bytes (the chunk ^ (row & 7) layout the kernel reads), zeros past S. False when
-// the driver refuses it (a misaligned base, say); the caller then takes the cp.async kernel.
-template <class Cfg, class T>
-static bool encode_rows_map(CUtensorMap* map, const void* base, const FlashcoreParams& p) {
-  constexpr int rows = Cfg::kTileN;
-  constexpr auto data_type =
-      std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const cuuint64_t row_bytes = static_cast<cuuint64_t>(p.head_dim) * sizeof(T);
-  return fc::encode_tensor_map<3>(map, data_type, base,
-                                  {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.seq_len_kv),
-                                   static_cast<cuuint64_t>(p.batch) * p.heads_kv},
-                                  {row_bytes, row_bytes * p.seq_len_kv},  // bytes, dims 1 and 2
-                                  {static_cast<cuuint32_t>(p.head_dim), static_cast<cuuint32_t>(rows), 1},
-                                  CU_TENSOR_MAP_SWIZZLE_128B);
-}
-
-// The TMA kernel's launch. *launched stays false when the maps could not be made (no error then: the caller
-// takes the cp.async kernel).
-template <class Cfg, class T>
-static const char* launch_tma(const FlashcoreParams& p, cudaStream_t stream, bool* launched) {
-  *launched = false;
-  constexpr auto kernel = tma_kernel_of<Cfg, T>();
-  constexpr int smem = tma_smem_bytes<Cfg>();
-  if (const char* err = allow_smem_once<kernel, smem>()) return err;
-  dim3 grid;
-  if (const char* err = query_grid<Cfg>(p, &grid)) return err;
-  // The maps are made on the host for each new pair of tensors; a loop over the same ones reuses them.
-  static thread_local struct {
-    const void* k = nullptr;
-    const void* v = nullptr;
-    int batch = 0, heads_kv = 0, seq_len_kv = 0;
-    CUtensorMap map_k, map_v;
-  } last;
-  if (last.k != p.k || last.v != p.v || last.batch != p.batch || last.heads_kv != p.heads_kv ||
-      last.seq_len_kv != p.seq_len_kv) {
-    last.k = nullptr;  // no valid pair until both maps are made
-    if (!encode_rows_map<Cfg, T>(&last.map_k, p.k, p) || !encode_rows_map<Cfg, T>(&last.map_v, p.v, p)) {
-      return nullptr;
-    }
-    last.k = p.k;
-    last.v = p.v;
-    last.batch = p.batch;
-    last.heads_kv = p.heads_kv;
-    last.seq_len_kv = p.seq_len_kv;
-  }
-  *launched = true;
-  kernel<<<grid, Cfg::kThreads, smem, stream>>>(p, last.map_k, last.map_v);
-  return fc::launch_status();
-}
-
-// At D=64 an sm_90 build takes the TMA kernel of the regime (CfgTma; void at D=128, whose 256-byte rows one
-// 128-byte-swizzled box does not cover), unless the driver cannot make its tensor maps; the cp.async kernels
-// remain for older GPUs and D=128.
-template <class Cfg, class CfgTma, class T>
-static const char* launch_prefer_tma(const FlashcoreParams& p, cudaStream_t stream) {
-  if constexpr (fc::kBuildsSm90 && !std::is_void_v<CfgTma>) {
-    if (fc::tensor_map_encoder() != nullptr) {
-      bool launched = false;
-      const char* err = launch_tma<CfgTma, T>(p, stream, &launched);
-      if (launched || err != nullptr) return err;
-    }
-  }
-  return launch<Cfg, T>(p, stream);
-}
-
-template <class Long, class LongTma, class Short, class ShortTma, class T>
-static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
-  if (pick_regime(p.batch * p.heads, p.seq_len, Long::kBlockM, fc::sm_count()) == Regime::kShort) {
-    return launch_prefer_tma<Short, ShortTma, T>(p, stream);
-  }
-  return launch_prefer_tma<Long, LongTma, T>(p, stream);
-}
-
-template <class T>
-static const char* forward_dtype(const FlashcoreParams& p, cudaStream_t stream) {
-  switch (p.head_dim) {
-    case 64: return forward<LongD64, LongTmaD64, ShortD64, ShortTmaD64, T>(p, stream);
-    case 128: return forward<LongD128, void, ShortD128, void, T>(p, stream);
-    default: return fc::unsupported_head_dim(p.head_dim);
-  }
-}
-
-template <class Cfg, class T>
-static FlashcoreKernelPlan plan_of() {
-  return {kernel_name<Cfg, T>(), Cfg::kThreads, Cfg::kSmemBytes};
-}
-
-template <class Cfg, class T>
-static FlashcoreKernelPlan tma_plan_of() {
-  return {tma_kernel_name<Cfg, T>(), Cfg::kThreads, tma_smem_bytes<Cfg>()};
-}
-
-template <class T>
-static int plan_dtype(int head_dim, FlashcoreKernelPlan* all) {
-  int count = 0;
-  if (head_dim == 64) {
-    all[count++] = plan_of<LongD64, T>();
-    all[count++] = plan_of<ShortD64, T>();
-    if (fc::kBuildsSm90) all[count++] = tma_plan_of<LongTmaD64, T>();
-    if (fc::kBuildsSm90) all[count++] = tma_plan_of<ShortTmaD64, T>();
-  } else if (head_dim == 128) {
-    all[count++] = plan_of<LongD128, T>();
-    all[count++] = plan_of<ShortD128, T>();
-  }
-  return count;
-}
-
-int v11_backward_plan(int head_dim, FlashcoreKernelPlan* plans);  // v11_bwd.cu
+// The bf16 half (v11_bf16.cu) and the backward (v11_bwd.cu), each its own translation unit.
+const char* v11_forward_bf16(const FlashcoreParams& p, cudaStream_t stream);
+int v11_plan_bf16(int head_dim, FlashcoreKernelPlan* plans);
+int v11_backward_plan(int head_dim, FlashcoreKernelPlan* plans);
 
 // The forward's fp16 kernels, then its bf16 ones, then the backward's (v11_bwd.cu).
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
   FlashcoreKernelPlan all[kFlashcoreMaxPlans];
   int count = plan_dtype<__half>(head_dim, all);
   if (count == 0) return 0;
-  count += plan_dtype<__nv_bfloat16>(head_dim, all + count);
+  count += v11_plan_bf16(head_dim, all + count);
   count += v11_backward_plan(head_dim, all + count);
   const int n = max_plans < count ? max_plans : count;
   for (int i = 0; i < n; ++i) plans[i] = all[i];
@@ -317,8 +92,7 @@ const char* flashcore_forward(const FlashcoreParams& p, cudaStream_t stream) {
   if (!(p.scale > 0.f)) return fc::message("v11 needs a softmax scale > 0 (got %g)", p.scale);
   if (p.seq_len < 1 || p.batch < 1 || p.heads < 1) return nullptr;
   if (p.seq_len_kv < 1) return "v11: k and v have no rows";
-  // fp16 first: its kernels are then emitted first, and their SASS is what it was before bf16 existed
-  return p.dtype != kFlashcoreBFloat16 ? forward_dtype<__half>(p, stream) : forward_dtype<__nv_bfloat16>(p, stream);
+  return p.dtype != kFlashcoreBFloat16 ? forward_dtype<__half>(p, stream) : v11_forward_bf16(p, stream);
 }
 
 // fp16 and bf16: the same kernels, instantiated for each (v11_fwd*_bf16).

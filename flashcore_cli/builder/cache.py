@@ -32,7 +32,9 @@ from flashcore_cli.builder.toolchain import (
 
 # Bump when the way a build is made changes without any input above changing (the binding object, the
 # generated module entry point): every key changes with it.
-BUILD_FORMAT = 2
+BUILD_FORMAT = 3
+# The same for one kernel object (objects.py: how nvcc is invoked for it).
+OBJECT_FORMAT = 1
 # extra_cflags of every host (.cpp) compile of a torch build: the binding and the generated entry points.
 HOST_CFLAGS = ["-O3", "-std=c++17"]
 
@@ -82,6 +84,19 @@ def key_parts(variant: Variant, arch: str, *, for_build: bool, extra_defines: di
 
 def cache_key(variant: Variant, arch: str, *, for_build: bool, extra_defines: dict[str, str] | None = None) -> str:
     return _digest(key_parts(variant, arch, for_build=for_build, extra_defines=extra_defines))
+
+
+def object_key(variant: Variant, source: Path, nvcc_flags: list[str]) -> str:
+    """The key of one source's object (objects.py): that source and the headers it reaches, nvcc's whole
+    command line but the file names (flags, defines, arch), and nvcc. No torch: the kernels do not include it."""
+    files = source_closure([source], [variant.kernels_dir])
+    return _digest({
+        "source": source.name,
+        "files": {f.name if f.is_relative_to(variant.kernels_dir.resolve()) else str(f): _sha256(f) for f in files},
+        "flags": list(nvcc_flags),
+        "nvcc": nvcc_version(),
+        "format": OBJECT_FORMAT,
+    })  # fmt: skip
 
 
 def build_key(variant: Variant, arch: str, extra_defines: dict[str, str] | None = None) -> str:

@@ -2,26 +2,30 @@
 
     <cache>/binding/<binding key>/   kernels/binding.cpp compiled once: binding.o, a probe module, build.log,
                                      binding.json
-    <cache>/build/<variant>-<key>/   a variant's module: its generated entry point, its .cu objects, the .so
-                                     (linking the binding's binding.o), build.log, build.json
+    <cache>/objects/<variant>/       each .cu's object, by a key of its own (objects.py), with nvcc's output
+    <cache>/build/<variant>-<key>/   a variant's module: its generated entry point, the .so (linking the .cu
+                                     objects and the binding's binding.o), build.log, build.json
 
 The torch binding (torch and pybind11 headers: most of a build's time) is the same for every variant, so it is
 compiled once per binding key (cache.py: binding.cpp and its headers, torch, CUDA, Python ABI, compiler and
-flags) into an object that each variant's module links; an edit of a variant's .cu recompiles that .cu, a
-generated entry point that includes only <Python.h>, and the link. Both steps go through cpp_extension.load,
-so both get exactly torch's include paths and flags (-fPIC and whatever ABI defines this torch passes):
+flags) into an object that each variant's module links. A variant's .cu files include no torch: nvcc compiles
+each into an object of its own key (objects.py), in parallel and while this process imports torch, so an edit of
+one .cu recompiles that .cu alone; then the link. The binding and the link go through cpp_extension.load, so
+both get exactly torch's include paths and flags (-fPIC and whatever ABI defines this torch passes):
 
 - the binding: load(sources=[binding.cpp, a probe entry point], with_cuda=True) builds binding.o and a small
   probe module (an empty launcher), imported once to check that the object links and initialises;
-- a variant: load(sources=[its entry point, its .cu files], extra_ldflags=[binding.o]). The entry point is
-  `PyMODINIT_FUNC PyInit_<name>() { return flashcore_binding_init("<name>"); }` (module_stub_source): the
-  binding creates the pybind11 module under the name it is given (binding.cpp).
+- a variant: load(sources=[its entry point], extra_ldflags=[its objects, binding.o], with_cuda=True). The entry
+  point is `PyMODINIT_FUNC PyInit_<name>() { return flashcore_binding_init("<name>"); }` (module_stub_source):
+  the binding creates the pybind11 module under the name it is given (binding.cpp).
 
 build.json / binding.json are written last (atomically), so their presence means a complete build; a cached
 load imports the .so directly (well under a second once torch is imported), and find_cached answers whether
 a build is cached without importing torch. A lock file per key serialises two processes building the same
-variant or the same binding: the second waits, then finds the first one's build. A complete binding is never
-rebuilt in place (other builds may be linking it); --force rebuilds a variant, not the binding.
+variant or the same binding: the second waits, then finds the first one's build (two processes compiling the
+same object each write a temporary file and rename it: the object appears whole). A complete binding is never
+rebuilt in place (other builds may be linking it); --force rebuilds a variant's objects and module, not the
+binding.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import shlex
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +46,7 @@ from pathlib import Path
 from flashcore_cli.builder.cache import HOST_CFLAGS, binding_key, build_key
 from flashcore_cli.core.records import cache_root
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.builder.objects import ObjectBuild, compile_objects
 from flashcore_cli.builder.ptxas import KernelResources, first_errors, parse_ptxas
 from flashcore_cli.registry.variants import Variant
 from flashcore_cli.builder.toolchain import BASE_NVCC_FLAGS, TORCH_BUILD_NVCC_FLAGS, define_flags, gencode
@@ -125,7 +131,8 @@ class BuildResult:
     module_name: str
     library: Path
     cached: bool
-    build_seconds: float  # the variant's compile and link (0 on a cache hit); the binding's is in `binding`
+    build_seconds: float  # wall time from the first nvcc to the linked module (0 on a cache hit); torch's import and a
+    # binding build overlap the compiles and count where they outlast them; the binding's own time is in `binding`
     load_seconds: float
     resources: list[KernelResources] = field(default_factory=list)
     module: object = None
@@ -198,8 +205,6 @@ def build_variant(
 ) -> BuildResult:
     """Build (or load from the cache) one variant for one arch and import its module. A variant that lists
     an arch-specific target (archs: [sm_90a]) is compiled for it on its GPU (sm_90 -> sm_90a)."""
-    import torch  # noqa: F401  (the extension links against torch's libraries: load them first)
-
     from flashcore_cli.core.errors import FlashcoreEnvironmentError
 
     target = variant.target_arch(arch)
@@ -213,20 +218,34 @@ def build_variant(
     directory.parent.mkdir(parents=True, exist_ok=True)
 
     if not force and marker.is_file():
+        import torch  # noqa: F401  (the extension links against torch's libraries: load them first)
+
         return _load_cached(variant, arch, key, directory, name, marker)
-    binding = ensure_binding(variant, verbose=verbose)  # outside the variant's lock: its own lock, its own wait
-    with _locked(directory.parent / f"{directory.name}.lock"):
-        if not force and marker.is_file():  # another process built it while we waited
-            result = _load_cached(variant, arch, key, directory, name, marker)
-            result.binding = binding.as_dict()  # this process may have built the binding meanwhile
-            return result
-        if directory.exists():
-            shutil.rmtree(directory)
-        directory.mkdir(parents=True)
-        return _compile(variant, arch, key, directory, name, marker, verbose, extra_defines or {}, binding)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # nvcc needs no torch: the kernel objects compile while this process imports torch and finds the binding
+        flags = kernel_nvcc_flags(variant, extra_defines or {})
+        objects = pool.submit(compile_objects, variant, [gencode(arch)], flags, force=force)
+        import torch  # noqa: F401
+
+        binding = ensure_binding(variant, verbose=verbose)  # outside the variant's lock: its own lock, its own wait
+        with _locked(directory.parent / f"{directory.name}.lock"):
+            if not force and marker.is_file():  # another process built it while we waited
+                result = _load_cached(variant, arch, key, directory, name, marker)
+                result.binding = binding.as_dict()  # this process may have built the binding meanwhile
+                return result
+            if directory.exists():
+                shutil.rmtree(directory)
+            directory.mkdir(parents=True)
+            return _compile(variant, arch, key, directory, name, marker, verbose, objects.result(), binding, start)
 
 
-def ensure_binding(variant: Variant, *, verbose: bool = False) -> BindingBuild:
+def kernel_nvcc_flags(variant: Variant, extra_defines: dict[str, str]) -> list[str]:
+    """nvcc's flags for a variant's .cu files, but the arch (part of each object's key)."""
+    return [*BASE_NVCC_FLAGS, *TORCH_BUILD_NVCC_FLAGS, *variant.flags, *define_flags({**variant.defines, **extra_defines})]
+
+
+def ensure_binding(variant: Variant, verbose: bool = False) -> BindingBuild:
     """The binding object for this variant's kernels/ (binding.cpp and its headers), compiled now unless the
     cache has it. Two processes that need it at once: one compiles, the other waits for its lock."""
     import torch  # noqa: F401
@@ -288,34 +307,47 @@ def _compile_binding(variant: Variant, kernels_dir: Path, key: str, directory: P
     return BindingBuild(key, directory, obj, False, seconds)
 
 
-def _compile(variant, arch, key, directory, name, marker, verbose, extra_defines, binding: BindingBuild) -> BuildResult:
+def _compile(variant, arch, key, directory, name, marker, verbose, objects: list[ObjectBuild], binding: BindingBuild,
+             start: float) -> BuildResult:  # fmt: skip
+    """Link the module from the kernel objects, the binding object and a generated entry point."""
     from torch.utils import cpp_extension
 
     log = directory / "build.log"
+    compiled = "".join(o.log for o in objects)
+    log.write_text(compiled)
+    if verbose:
+        sys.stdout.write(compiled)
+        sys.stdout.flush()
+    failed = [o for o in objects if not o.ok]
+    if failed:
+        text = "".join(o.log for o in failed)
+        raise BuildError(variant.name, first_errors(text) or f"nvcc exited with {failed[0].returncode} on {failed[0].source.name}", log)
     entry = directory / ENTRY_SOURCE
     entry.write_text(module_stub_source(name))
-    cuda_flags = [
-        *BASE_NVCC_FLAGS, *TORCH_BUILD_NVCC_FLAGS, gencode(arch), *variant.flags,
-        *define_flags({**variant.defines, **extra_defines}),
-    ]  # fmt: skip
-    start = time.perf_counter()
+    link_log = directory / "link.log"
     try:
-        with _capture_output(log, echo=verbose):
+        with _capture_output(link_log, echo=verbose):
             module = cpp_extension.load(
                 name=name,
-                sources=[str(entry), *map(str, variant.sources)],
+                sources=[str(entry)],
                 extra_cflags=HOST_CFLAGS,
-                extra_cuda_cflags=cuda_flags,
-                extra_ldflags=[shlex.quote(str(binding.object))],  # a plain object: linked whole, in any order
-                extra_include_paths=[str(variant.kernels_dir)],
+                # no .cu here, so nvcc never runs: an arch flag only keeps torch from asking the GPU for one
+                extra_cuda_cflags=[gencode(arch)],
+                # plain objects: linked whole, in any order
+                extra_ldflags=[shlex.quote(str(p)) for p in (*(o.object for o in objects), binding.object)],
                 build_directory=str(directory),
                 verbose=True,
+                with_cuda=True,  # the kernel objects call the CUDA runtime
             )
-    except Exception as exc:  # torch raises RuntimeError / subprocess errors; the log has the compiler's words
-        text = log.read_text(errors="replace") if log.exists() else ""
+    except Exception as exc:  # torch raises RuntimeError / subprocess errors; the log has the linker's words
+        text = link_log.read_text(errors="replace") if link_log.exists() else ""
+        with open(log, "a") as f:
+            f.write(text)
         raise BuildError(variant.name, first_errors(text) or str(exc), log) from None
+    with open(log, "a") as f:
+        f.write(link_log.read_text(errors="replace"))
     seconds = time.perf_counter() - start
-    resources = parse_ptxas(log.read_text(errors="replace"))
+    resources = parse_ptxas(compiled)
     library = Path(module.__file__)
     _write_atomic(
         marker,
@@ -326,6 +358,7 @@ def _compile(variant, arch, key, directory, name, marker, verbose, extra_defines
             "module": name,
             "library": library.name,
             "build_seconds": round(seconds, 2),
+            "objects": [{"source": o.source.name, "object": str(o.object), "cached": o.cached, "seconds": round(o.seconds, 2)} for o in objects],
             "binding_key": binding.key,
             "resources": [r.__dict__ for r in resources],
             "created": time.time(),
