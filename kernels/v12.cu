@@ -9,8 +9,9 @@
 // intra-warpgroup (S_{j+1} is issued with P_j V_j and its softmax runs while P_j V_j is in flight), and across
 // items (the next Q_i loads once every consumer's last S has landed, during the last P V and the epilogue, which
 // stages O in a tile of its own and stores it by TMA). Parts: v12_traits.cuh (configurations), tile_scheduler_sm90.cuh
-// (the work list and its planner), consumer_sm90.cuh (softmax, GEMMs), mainloop_fwd_sm90.cuh (the kernel: producer,
-// consumers, epilogue); this file launches it. Primitives: hopper.cuh, tma.cuh.
+// (the work list and its planner), consumer_sm90.cuh (softmax, GEMMs), mainloop_fwd_sm90.cuh (the kernel and its
+// roles: producer, relay_turns, mainloop, consumer), epilogue_fwd_sm90.cuh (O and the LSE stored); this file launches
+// it. Primitives: hopper.cuh, tma.cuh.
 //
 // Change from v11 (mma.sync, every warp loads and computes): wgmma (HGMMA) instead of HMMA + ldmatrix, TMA
 // instead of cp.async, producer/consumer roles (the seeds' v9 and v10 ideas) on the hardware made for them.

@@ -1,7 +1,7 @@
 // v12_traits.cuh — v12's configurations: Config (head dim, keys per K/V tile, consumer warpgroups, ring slots; the
 // register split and the shared-memory layout derived from them), the mbarriers and tensor maps a CTA holds, and
 // the configurations the launcher takes. Read by every part of v12 (tile_scheduler_sm90.cuh, consumer_sm90.cuh,
-// mainloop_fwd_sm90.cuh) and v12.cu.
+// mainloop_fwd_sm90.cuh, epilogue_fwd_sm90.cuh) and v12.cu.
 #pragma once
 
 #include "flashcore.h"
