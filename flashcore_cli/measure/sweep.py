@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.measure.series import series
 
 DEFAULT_SEQ_LENS = "512,1024,2048,4096,8192,16384"
 
@@ -192,14 +193,6 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
         plot_sweep(record, plot)
         console.print(f"chart: {plot}")
     return 0
-
-
-def series(record: dict) -> dict[str, dict[int, dict]]:
-    """name -> seq_len -> row, names in the order they first appear (the references first)."""
-    out: dict[str, dict[int, dict]] = {}
-    for row in record["rows"]:
-        out.setdefault(row["name"], {})[row["seq_len"]] = row
-    return out
 
 
 def render_sweep(record: dict) -> None:
