@@ -145,7 +145,7 @@ def test_worker_events_become_one_row_per_mode(monkeypatch):
               {"event": "timing-skipped", "mode": "graph", "reason": "cannot be captured in a CUDA graph (RuntimeError: x)"},
               timing("host", 310.0), {"event": "done"}]  # fmt: skip
     seen = {}
-    monkeypatch.setattr(bench, "run_worker", lambda spec, **kw: seen.update(spec) or WorkerOutcome("done", events))
+    monkeypatch.setattr(bench, "run_worker", lambda request, **kw: seen.update(modes=request.modes) or WorkerOutcome("done", events))
     reg = load_registry(None)
     rows = bench_variant(reg, reg.get("baseline"), Case(parse_shape("1,2,64,64"), False, 1), arch="sm_90", reps=100, warmup=1,
                          timeout=60, modes=("cold", "graph", "host"))  # fmt: skip
@@ -164,7 +164,7 @@ def test_reference_rows_are_split_by_mode(monkeypatch):
               {"event": "reference-skipped", "name": "triton", "mode": "graph", "reason": "cannot be captured"},
               {"event": "timing", "name": "triton", "mode": "cold", "median_us": 10.0, "p10_us": 9.0, "p90_us": 11.0, "samples_us": [10.0]},
               {"event": "done"}]  # fmt: skip
-    monkeypatch.setattr(bench, "run_worker", lambda spec, **kw: WorkerOutcome("done", events))
+    monkeypatch.setattr(bench, "run_worker", lambda request, **kw: WorkerOutcome("done", events))
     rows, env = bench_references(Case(parse_shape("1,8,512,64"), False, 1), reps=100, warmup=1, timeout=60, modes=("cold", "graph"))
     assert env == {"gpu": "NVIDIA H200"}
     status = {m: {r.name: r.status for r in rs} for m, rs in rows.items()}

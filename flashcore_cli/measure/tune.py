@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from flashcore_cli.registry.constraints import compile_constraint
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.protocol import OK, WorkRequest, Wording, classify, timing_fields
 from flashcore_cli.registry.variants import TuneSpace, Variant
 
 CHECK_SEQ_LENS = (17, 97)  # beside the tune shape: a short and a ragged sequence, at the same head dim
@@ -136,45 +137,29 @@ class TrialJob:
     mode: str = "cold"
 
 
+# a trial that ended without its answer says how the worker ended
+TRIAL_WORDS = Wording(died="worker {status}, exit {returncode}\n{log_tail}")
+
+
 def run_trial(job: TrialJob) -> dict:
     from flashcore_cli.core.isolate import run_worker
 
-    spec = {
-        "task": "trial",
-        "registry": job.registry,
-        "variant": job.variant,
-        "arch": job.arch,
-        "defines": dict(job.defines),
-        "ignore_tuned": True,
-        "cases": list(job.cases),
-        "case": job.case,
-        "reps": job.reps,
-        "warmup": job.warmup,
-        "modes": [job.mode],
-    }
-    worker = run_worker(spec, run_timeout=job.timeout)
-    built = worker.find("built")
-    device = worker.find("device")
-    env = (worker.find("environment") or [{}])[0]
-    result = {"key": built[0].get("key", "") if built else "", "gpu": device[0]["gpu"] if device else "", "timing": {}, "detail": "",
-              "environment": {k: v for k, v in env.items() if k != "event"}}  # fmt: skip
-    if failed := worker.find("build-failed"):
-        return {**result, "status": "BUILD-FAIL", "detail": failed[0]["errors"]}
-    if worker.status == "timeout":
-        return {**result, "status": "TIMEOUT", "detail": f"killed after {job.timeout:.0f} s ({worker.phase})"}
-    if crash := worker.find("crash"):
-        return {**result, "status": "CRASH", "detail": crash[0]["error"]}
-    bad = [e for e in worker.find("case") if e["status"] != "OK"]
+    request = WorkRequest("trial", job.registry, job.variant, job.arch, defines=dict(job.defines), ignore_tuned=True,
+                          cases=list(job.cases), case=job.case, reps=job.reps, warmup=job.warmup, modes=[job.mode])  # fmt: skip
+    worker = run_worker(request, run_timeout=job.timeout)
+    result = {"key": (worker.built or {}).get("key", ""), "gpu": worker.device, "timing": {}, "detail": "",
+              "environment": worker.environment}  # fmt: skip
+    bad = [e for e in worker.case_results() if e["status"] != OK]
+    timing, skipped = worker.timings(job.mode), worker.timing_skips(job.mode)
+    verdict = classify(worker, timeout=job.timeout, answered=bool(bad or timing or skipped), wording=TRIAL_WORDS)
+    if verdict.status != OK:
+        return {**result, "status": verdict.status, "detail": verdict.detail}
     if bad:
         e = bad[0]
         return {**result, "status": e["status"], "detail": f"{e['case']['shape']}{' causal' if e['case']['causal'] else ''}: {e['detail']}"}
-    timing = [e for e in worker.find("timing") if e.get("mode", job.mode) == job.mode]
     if not timing:
-        if skipped := worker.find("timing-skipped"):
-            return {**result, "status": "SKIP", "detail": f"{job.mode} mode: {skipped[0]['reason']}"}
-        return {**result, "status": "CRASH", "detail": f"worker {worker.status}, exit {worker.returncode}\n{worker.log_tail}"}
-    keep = ("median_us", "p10_us", "p90_us", "calls_per_sample", "timed_out_samples", "samples_us")
-    return {**result, "status": "OK", "timing": {k: timing[0][k] for k in keep if k in timing[0]}}
+        return {**result, "status": "SKIP", "detail": f"{job.mode} mode: {skipped[0]['reason']}"}
+    return {**result, "status": OK, "timing": timing_fields(timing[0])}
 
 
 def check_cases(variant: Variant, shape, seed: int) -> list:
