@@ -10,6 +10,7 @@ from rich.table import Table
 
 from flashcore_cli.builder.toolchain import require_cuda_torch
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.measure.modes import DEFAULT_MODE
 from flashcore_cli.registry.archs import parse_arch, parse_archs
 from flashcore_cli.registry.variants import load_registry
 from flashcore_cli.core.console import (
@@ -270,12 +271,12 @@ def _render_test(outcomes) -> None:
 
 
 # ---------------------------------------------------------------- bench
-def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json_path, timeout, seed, arch, mode="cold",
+def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json_path, timeout, seed, arch, mode=DEFAULT_MODE,
               dtype_text="fp16", pass_text="fwd") -> int:  # fmt: skip
     from flashcore_cli.measure.bench import MIN_REPS, BenchRun, bench_references, bench_variant, finish
     from flashcore_cli.check.correctness import new_seed, write_json
     from flashcore_cli.registry.shapes import MISSION_SHAPE, Case, parse_dtype, parse_pass, parse_shape
-    from flashcore_cli.measure.timing import MODE_TITLES, parse_modes
+    from flashcore_cli.measure.modes import MODES, parse_modes
 
     modes = parse_modes(mode)
     dtype = parse_dtype(dtype_text)
@@ -298,7 +299,7 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
     console.print(f"bench {shape}{' causal' if causal else ''}{dtype_label(dtype)}{pass_label(passes)}: {reps} samples per "
                   f"row and mode; seed {seed}")  # fmt: skip
     for m in modes:
-        console.print(f"  {MODE_TITLES[m]}")
+        console.print(f"  {MODES[m].title}")
     with progress() as bar:
         task = bar.add_task("references (SDPA backends, Triton)", total=len(variants) + 1)
         refs, run.environment = bench_references(case, reps=reps, warmup=warmup, timeout=timeout, modes=modes,

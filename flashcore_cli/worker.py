@@ -6,8 +6,8 @@ SPEC.json is a WorkRequest (core/protocol.py: the request, and every event this 
 of its events file. Tasks: "build" (build one variant), "test" (build, then check cases), "bench" (build,
 check the bench shape, then time it), "references" (time PyTorch SDPA's backends and the Triton reference),
 "launch" (call a variant a few times for compute-sanitizer or ncu to watch), "trial" (one tuning combination:
-check, then time). Timing tasks time in each mode of request.modes (timing.py; none: the default, cold) and
-emit one "timing" event per mode, or "timing-skipped" with the reason where the call cannot be timed in a
+check, then time). Timing tasks time in each mode of request.modes (measure/modes.py; none: the default mode)
+and emit one "timing" event per mode, or "timing-skipped" with the reason where the call cannot be timed in a
 mode. Progress goes to the events file as JSON lines; the last line of a clean run is {"event": "done"}.
 """
 
@@ -73,7 +73,9 @@ def _check(attn, case: Case, events: Events):
 
 
 def _modes(request: WorkRequest) -> list[str]:
-    return list(request.modes or ["cold"])
+    from flashcore_cli.measure.modes import DEFAULT_MODE
+
+    return list(request.modes or [DEFAULT_MODE])
 
 
 def variant_call(attn, case: Case, passes: str):
@@ -101,7 +103,8 @@ def variant_call(attn, case: Case, passes: str):
 
 
 def _time(attn, case: Case, request: WorkRequest, events: Events) -> None:
-    from flashcore_cli.measure.timing import TimingError, time_callable
+    from flashcore_cli.measure.modes import time_callable
+    from flashcore_cli.measure.timing import TimingError
 
     call = variant_call(attn, case, request.passes)
     for mode in _modes(request):
@@ -143,7 +146,8 @@ def task_references(request: WorkRequest, events: Events) -> None:
     from flashcore_cli.check.case import make_inputs
     from flashcore_cli.core.records import environment
     from flashcore_cli.measure.references import reference_functions
-    from flashcore_cli.measure.timing import L2Flusher, TimingError, time_callable
+    from flashcore_cli.measure.modes import needs_flusher, time_callable
+    from flashcore_cli.measure.timing import L2Flusher, TimingError
 
     from flashcore_cli.measure.roofline import device_peaks
 
@@ -153,7 +157,7 @@ def task_references(request: WorkRequest, events: Events) -> None:
     case = Case.from_dict(request.case)
     q, k, v = make_inputs(case)
     modes = _modes(request)
-    flusher = L2Flusher() if "cold" in modes else None
+    flusher = L2Flusher() if needs_flusher(modes) else None  # one for every row, made before any is timed
     for name, fn, context, why_not in reference_functions(q, k, v, case.causal, request.passes):
         if fn is None:
             events.emit("reference-skipped", name=name, reason=why_not)  # no mode: skipped in every mode

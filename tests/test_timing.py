@@ -12,9 +12,8 @@ from flashcore_cli.cli import app
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.core.isolate import WorkerOutcome
 from flashcore_cli.registry.shapes import Case, parse_shape
-from flashcore_cli.measure.timing import (
-    MAX_CALLS_PER_SAMPLE, MAX_TIMEOUTS, Timing, TimingError, calls_per_sample, collect, parse_modes, per_call, time_host,
-)  # fmt: skip
+from flashcore_cli.measure.modes import parse_modes, time_host
+from flashcore_cli.measure.timing import MAX_CALLS_PER_SAMPLE, MAX_TIMEOUTS, Timing, TimingError, calls_per_sample, collect, per_call
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "200"}
@@ -228,7 +227,7 @@ def test_a_blocking_start_never_charges_host_time(tiny):
 
     import torch
 
-    from flashcore_cli.measure.timing import time_callable
+    from flashcore_cli.measure.modes import time_callable
 
     def slow_host():
         time.sleep(200e-6)
@@ -258,7 +257,7 @@ def test_a_call_that_waits_for_the_gpu_is_reported_not_timed(tiny):
     import torch
 
     from flashcore_cli.measure.blocking_start import BlockingStart
-    from flashcore_cli.measure.timing import time_callable
+    from flashcore_cli.measure.modes import time_callable
 
     gate = BlockingStart(timeout_ms=5)
 
@@ -274,7 +273,7 @@ def test_a_call_that_waits_for_the_gpu_is_reported_not_timed(tiny):
 
 @pytest.mark.gpu
 def test_graph_mode_times_per_call_and_reports_what_cannot_be_captured(tiny):
-    from flashcore_cli.measure.timing import time_callable
+    from flashcore_cli.measure.modes import time_callable
 
     with pytest.raises(TimingError, match="cannot be captured in a CUDA graph"):
         time_callable(lambda: tiny.add_(1).sum().item(), mode="graph", reps=100, warmup=2)

@@ -2,7 +2,7 @@
 
 The references (SDPA default and each backend, the Triton forward) run in one worker; each variant in a
 worker of its own that builds it, checks it at the bench shape and times it only if the check passed.
-Each worker times in every mode the run asks for (timing.py: cold, graph, host), so a run has one set of
+Each worker times in every mode the run asks for (modes.py: cold, graph, host), so a run has one set of
 rows per mode; a row's speedup is SDPA default's median over the row's median, both measured in this run
 and in the same mode.
 
@@ -22,6 +22,7 @@ from flashcore_cli.check.correctness import CaseOutcome
 from flashcore_cli.core.isolate import run_worker
 from flashcore_cli.core.protocol import BUILD_FAIL, LAST_WORDS, OK, WorkerOutcome, WorkRequest, classify, timing_fields
 from flashcore_cli.core.records import clocks
+from flashcore_cli.measure.modes import DEFAULT_MODE
 from flashcore_cli.measure.references import SDPA_DEFAULT
 from flashcore_cli.registry.variants import Registry, Variant
 from flashcore_cli.measure.roofline import Peaks, roofline
@@ -64,7 +65,7 @@ class BenchRun:
     shape: Shape
     causal: bool
     seed: int
-    modes: list[str] = field(default_factory=lambda: ["cold"])
+    modes: list[str] = field(default_factory=lambda: [DEFAULT_MODE])
     dtype: str = "fp16"  # of q, k, v for every row, references included
     passes: str = "fwd"  # what a timed call does: fwd, bwd or fwd+bwd (shapes.PASSES)
     rows: dict[str, list[BenchRow]] = field(default_factory=dict)  # mode -> its rows, in run order
@@ -115,7 +116,7 @@ class BenchRun:
         return record
 
 
-def bench_references(case: Case, *, reps: int, warmup: int, timeout: float, modes=("cold",), on_event=None,
+def bench_references(case: Case, *, reps: int, warmup: int, timeout: float, modes=(DEFAULT_MODE,), on_event=None,
                      passes: str = "fwd") -> tuple[dict[str, list[BenchRow]], dict]:  # fmt: skip
     """The reference rows of every mode ({mode: rows}) and the run's environment, from one worker."""
     request = WorkRequest("references", case=case.as_dict(), reps=reps, warmup=warmup, modes=list(modes), passes=passes)
@@ -140,7 +141,7 @@ def bench_variant(
     reps: int,
     warmup: int,
     timeout: float,
-    modes=("cold",),
+    modes=(DEFAULT_MODE,),
     on_event=None,
     defines: dict[str, str] | None = None,
     passes: str = "fwd",

@@ -2,7 +2,7 @@
 
 Each point (one sequence length) is what `flashcore bench` does at one shape: the references in one worker,
 each variant in a worker of its own that checks it before timing it (bench.bench_references and
-bench.bench_variant), in the one timing mode of the run (--mode: cold, graph or host; timing.py). The points
+bench.bench_variant), in the one timing mode of the run (--mode: cold, graph or host; modes.py). The points
 are spread over every visible GPU, one lane process per GPU (gpus.py); every row says which GPU measured it,
 and a point whose lane died is a CRASH row saying so. The run leaves a JSON record in the results folder (its
 "mode", the GPUs, lanes and wall time, every sample of every row) and, with --plot, a chart.
@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.measure.modes import DEFAULT_MODE, OLD_RECORD_MODE
 from flashcore_cli.measure.series import series
 
 DEFAULT_SEQ_LENS = "512,1024,2048,4096,8192,16384"
@@ -29,7 +30,7 @@ class PointJob:
     reps: int
     warmup: int
     timeout: float
-    mode: str = "cold"
+    mode: str = DEFAULT_MODE
     passes: str = "fwd"  # what a timed call does (bench --pass)
 
 
@@ -93,7 +94,7 @@ def require_matplotlib() -> None:
 
 
 def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch_text,
-              mode_text="cold", dtype_text="fp16", pass_text="fwd") -> int:  # fmt: skip
+              mode_text=DEFAULT_MODE, dtype_text="fp16", pass_text="fwd") -> int:  # fmt: skip
     """Parse and check the options, plan the points, measure them over the GPUs, then record, show and chart."""
     from flashcore_cli.registry.archs import parse_arch, parse_archs
     from flashcore_cli.core.console import console, require_gpu
@@ -102,7 +103,7 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
     from flashcore_cli.core.records import clocks
     from flashcore_cli.registry.variants import load_registry
     from flashcore_cli.registry.shapes import parse_dtype, parse_pass, parse_shape
-    from flashcore_cli.measure.timing import MODE_TITLES, parse_modes
+    from flashcore_cli.measure.modes import MODES, parse_modes
 
     (mode,) = parse_modes(mode_text, several=False)
     dtype = parse_dtype(dtype_text)
@@ -123,7 +124,7 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
     console.print(
         f"sweep {batch},{heads},S,{dim}{' causal' if causal else ''} over S = {', '.join(map(str, seq_lens))}: "
         f"{len(variants)} variant(s) + references, {reps} samples per row, on {len(gpus)} GPU(s) ({', '.join(gpus)}); seed {seed}; "
-        f"{MODE_TITLES[mode]}"
+        f"{MODES[mode].title}"
     )
     results, lane_of, wall_s = measure_points(jobs, gpus)
     record = {
@@ -247,7 +248,7 @@ def render_sweep(record: dict) -> None:
     title = (
         f"sweep {record['batch']},{record['heads']},S,{record['head_dim']}{' causal' if record['causal'] else ''}"
         f"{dtype_label(record.get('dtype', 'fp16'))} "
-        f"on {env.get('gpu', '?')}, {record.get('mode', 'cold')} mode: median us / TFLOP/s"
+        f"on {env.get('gpu', '?')}, {record.get('mode', OLD_RECORD_MODE)} mode: median us / TFLOP/s"
     )
     table = Table(title=title)
     table.add_column("name")

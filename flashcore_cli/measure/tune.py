@@ -7,7 +7,7 @@
        kernels spill registers or cannot fit one CTA on an SM is skipped before any GPU time is spent;
     4. trials, spread over every visible GPU (gpus.py): each builds the combination (ignoring any stored
        winner), checks it on the tune shape and two awkward ones, and times it only if every check passed,
-       in the run's one timing mode (--mode cold, graph or host: timing.py; the record carries it);
+       in the run's one timing mode (--mode cold, graph or host: modes.py; the record carries it);
     5. the ranking, and the winner stored per GPU model (tuned.py): every later build of the variant on that
        GPU, so `flashcore build/test/bench`, uses it.
 """
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from flashcore_cli.registry.constraints import compile_constraint
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.core.protocol import OK, WorkRequest, Wording, classify, timing_fields
+from flashcore_cli.measure.modes import DEFAULT_MODE
 from flashcore_cli.registry.variants import TuneSpace, Variant
 
 CHECK_SEQ_LENS = (17, 97)  # beside the tune shape: a short and a ragged sequence, at the same head dim
@@ -134,7 +135,7 @@ class TrialJob:
     reps: int
     warmup: int
     timeout: float
-    mode: str = "cold"
+    mode: str = DEFAULT_MODE
 
 
 # a trial that ended without its answer says how the worker ended
@@ -176,7 +177,7 @@ def ranked(candidates: list[Candidate]) -> list[Candidate]:
     return timed + [c for c in candidates if not c.median]
 
 
-def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup, timeout, arch_text, dry_run, mode_text="cold") -> int:
+def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup, timeout, arch_text, dry_run, mode_text=DEFAULT_MODE) -> int:
     from flashcore_cli.registry.archs import parse_arch, parse_archs
     from flashcore_cli.measure.bench import MIN_REPS
     from flashcore_cli.core.console import console, progress, require_gpu
@@ -185,7 +186,7 @@ def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup
     from flashcore_cli.registry.variants import load_registry
     from flashcore_cli.registry.shapes import MISSION_SHAPE, Case, parse_shape
     from flashcore_cli.core.records import clocks
-    from flashcore_cli.measure.timing import parse_modes
+    from flashcore_cli.measure.modes import parse_modes
     from flashcore_cli.builder.tuned import store_tuned
 
     (mode,) = parse_modes(mode_text, several=False)
@@ -269,12 +270,12 @@ def run_trials(template: TrialJob, runnable: list[Candidate]) -> tuple[list[dict
     from flashcore_cli.core.console import console, progress
     from flashcore_cli.measure.gpus import LaneLost, map_on_gpus, visible_gpus
     from flashcore_cli.registry.shapes import Case
-    from flashcore_cli.measure.timing import MODE_TITLES
+    from flashcore_cli.measure.modes import MODES
 
     jobs = [dataclasses.replace(template, defines=tuple((k, str(v)) for k, v in c.defines.items())) for c in runnable]
     gpus = visible_gpus() or ["0"]
     console.print(f"trials: check {len(template.cases)} case(s), then time {Case.from_dict(template.case).label()} "
-                  f"({template.reps} samples, {MODE_TITLES[template.mode]}); {len(gpus)} GPU(s); seed {template.case['seed']}")  # fmt: skip
+                  f"({template.reps} samples, {MODES[template.mode].title}); {len(gpus)} GPU(s); seed {template.case['seed']}")  # fmt: skip
     with progress() as bar:
         task = bar.add_task(f"{len(jobs)} trial(s)", total=len(jobs))
 
@@ -302,7 +303,7 @@ def best_per_gpu(candidates: list[Candidate]) -> dict[str, Candidate]:
     return best
 
 
-def render_ranking(candidates: list[Candidate], variant: str, case_label: str, saved, mode: str = "cold") -> None:
+def render_ranking(candidates: list[Candidate], variant: str, case_label: str, saved, mode: str = DEFAULT_MODE) -> None:
     from rich.markup import escape
     from rich.table import Table
 
