@@ -47,6 +47,35 @@ def test_a_bad_mode_is_exit_2_in_one_line(command):
     assert "bad --mode 'warm': expected cold, graph or host" in error and "Traceback" not in result.output
 
 
+# ---------------------------------------------------------------- the registry of modes (modes.py)
+def test_each_mode_is_one_object_of_the_registry():
+    from flashcore_cli.measure.modes import DEFAULT_MODE, MODES, mode_help, needs_flusher
+
+    assert list(MODES) == ["cold", "graph", "host"] and DEFAULT_MODE in MODES
+    assert MODES["cold"].title == "cold mode: L2 flushed, blocking start, events around one call"
+    assert MODES["graph"].title == "graph mode: CUDA graph replays, warm L2, device time per call"
+    assert MODES["host"].title == "host mode: back-to-back wall time per call, dispatch included"
+    assert mode_help() == "cold (L2 flushed, device time), graph (CUDA graph replays) or host (back-to-back wall time)"
+    assert needs_flusher(["host", "cold"]) and not needs_flusher(["graph", "host"])
+
+
+def test_time_callable_times_through_the_mode_s_object(monkeypatch):
+    from flashcore_cli.measure import modes
+
+    seen = {}
+
+    def time_warm(fn, **kw):
+        seen.update(kw)
+        return Timing([1.0], "warm")
+
+    monkeypatch.setitem(modes.MODES, "warm", modes.TimingMode("warm", "w", "one call", time_warm))
+    assert modes.time_callable(lambda: None, mode="warm", reps=100, warmup=3).mode == "warm"
+    assert seen == {"reps": 100, "warmup": 3, "flusher": None, "gate": None}  # it needs neither: none is made
+    assert parse_modes("warm,cold") == ["warm", "cold"]
+    with pytest.raises(ValueError, match="unknown timing mode 'lukewarm'"):
+        modes.time_callable(lambda: None, mode="lukewarm")
+
+
 # ---------------------------------------------------------------- the timing core's logic
 def test_calls_per_sample_makes_a_sample_long_enough():
     assert calls_per_sample(6.7, 200.0) == 30  # Triton's graph-mode kernel: 30 x 6.7 = 201 us
