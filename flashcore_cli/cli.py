@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from flashcore_cli.core.errors import EXIT_INTERNAL_ERROR, EXIT_INTERRUPTED, FlashcoreError
+from flashcore_cli.measure.modes import DEFAULT_MODE, mode_help
 
 app = typer.Typer(
     name="flashcore",
@@ -233,8 +234,7 @@ def bench(
     timeout: Annotated[float, typer.Option("--timeout", help="seconds per variant (after its build)")] = 300.0,
     seed: Seed = None,
     arch: Arch = None,
-    mode: Annotated[str, typer.Option("--mode", help="cold (L2 flushed, device time), graph (CUDA graph replays) or host "
-                                      "(back-to-back wall time); several, comma-separated, in one record")] = "cold",
+    mode: Annotated[str, typer.Option("--mode", help=f"{mode_help()}; several, comma-separated, in one record")] = DEFAULT_MODE,
     dtype: Annotated[str, typer.Option("--dtype", help="fp16 or bf16: q, k, v of every row, references included "
                                        "(a variant that does not declare it: SKIP)")] = "fp16",
     passes: Annotated[str, typer.Option("--pass", help="what a timed call does: fwd, bwd (the backward of a saved forward) "

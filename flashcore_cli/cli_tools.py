@@ -9,13 +9,13 @@ from typing import Annotated, Optional
 
 import typer
 
+from flashcore_cli.measure.modes import mode_help
+
 Name = Annotated[str, typer.Argument(help="variant name or alias (see `flashcore list`)", show_default=False)]
 Shape = Annotated[Optional[str], typer.Option("--shape", help="B,H,S,D")]
 Causal = Annotated[bool, typer.Option("--causal", help="causal masking")]
 Arch = Annotated[Optional[str], typer.Option("--arch", help="target arch, e.g. sm_90 (default: the GPU present, else sm_90)")]
-Mode = Annotated[
-    str, typer.Option("--mode", help="cold (L2 flushed, device time), graph (CUDA graph replays) or host (back-to-back wall time)")
-]
+Mode = Annotated[str, typer.Option("--mode", help=mode_help())]  # a str: parse_modes checks it against modes.py's MODES
 
 
 def register(app, handle_errors) -> None:

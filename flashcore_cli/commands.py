@@ -10,6 +10,7 @@ from rich.table import Table
 
 from flashcore_cli.builder.toolchain import require_cuda_torch
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.measure.modes import DEFAULT_MODE
 from flashcore_cli.registry.archs import parse_arch, parse_archs
 from flashcore_cli.registry.variants import load_registry
 from flashcore_cli.core.console import (
@@ -57,6 +58,7 @@ def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
     from flashcore_cli.builder.jit import find_cached
     from flashcore_cli.builder.tuned import has_tuned
     from flashcore_cli.core.isolate import WorkerOutcome, run_worker, stop_on_interrupt
+    from flashcore_cli.core.protocol import LAST_WORDS, WorkRequest, classify
     from flashcore_cli.core.records import usable_cache
 
     reg = load_registry(registry_path)
@@ -78,8 +80,7 @@ def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
             task = bar.add_task(f"building {len(todo)} variant(s) for {arch}", total=len(todo))
 
             def one(v):
-                spec = {"task": "build", "registry": str(reg.path), "variant": v.name, "arch": arch, "force": force}
-                return v, run_worker(spec, run_timeout=60)
+                return v, run_worker(WorkRequest("build", str(reg.path), v.name, arch, force=force), run_timeout=60)
 
             with ThreadPoolExecutor(max_workers=parallel) as pool, stop_on_interrupt(pool):  # Ctrl-C: 130 at once
                 for fut in as_completed([pool.submit(one, v) for v in todo]):
@@ -93,16 +94,14 @@ def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
         table.add_column(col, overflow="fold")
     for v in variants:
         outcome = results[v.name]
-        built = outcome.find("built")
-        if built:
-            b = built[0]
+        b = outcome.built
+        if b:
             table.add_row(v.name, styled("OK"), b["key"], _build_word(outcome), escape("\n".join(b["resources"])))  # "[sm_90]" is no markup
             if verbose:
                 console.print(f"[dim]{v.name}: {b['directory']}/build.log[/]")
         else:
             failed += 1
-            bf = outcome.find("build-failed")
-            detail = bf[0]["errors"] if bf else (outcome.find("crash") or [{"error": outcome.log_tail}])[0]["error"]
+            detail = classify(outcome, answered=False, wording=LAST_WORDS).detail  # its answer is the build
             table.add_row(v.name, styled("BUILD-FAIL"), "", "", escape(detail))
     console.print(table)
     return 1 if failed else 0
@@ -123,10 +122,9 @@ def _usable_paths(json_path, results: bool = False) -> None:
 def _build_word(outcome) -> str:
     """'cached' (found by the CLI, not loaded), 'cached, load 0.05 s' (loaded by a worker), 'built in 4.1 s'
     (+ the shared binding's compile when this build made it)."""
-    built = outcome.find("built")
-    if not built:
+    b = outcome.built
+    if not b:
         return "[bold yellow]BUILD-FAIL[/]"
-    b = built[0]
     if b["cached"]:
         return "cached" if b.get("load_seconds") is None else f"cached, load {b['load_seconds']:.2f} s"
     binding = b.get("binding") or {}
@@ -273,12 +271,12 @@ def _render_test(outcomes) -> None:
 
 
 # ---------------------------------------------------------------- bench
-def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json_path, timeout, seed, arch, mode="cold",
+def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json_path, timeout, seed, arch, mode=DEFAULT_MODE,
               dtype_text="fp16", pass_text="fwd") -> int:  # fmt: skip
     from flashcore_cli.measure.bench import MIN_REPS, BenchRun, bench_references, bench_variant, finish
     from flashcore_cli.check.correctness import new_seed, write_json
     from flashcore_cli.registry.shapes import MISSION_SHAPE, Case, parse_dtype, parse_pass, parse_shape
-    from flashcore_cli.measure.timing import MODE_TITLES, parse_modes
+    from flashcore_cli.measure.modes import MODES, parse_modes
 
     modes = parse_modes(mode)
     dtype = parse_dtype(dtype_text)
@@ -301,7 +299,7 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
     console.print(f"bench {shape}{' causal' if causal else ''}{dtype_label(dtype)}{pass_label(passes)}: {reps} samples per "
                   f"row and mode; seed {seed}")  # fmt: skip
     for m in modes:
-        console.print(f"  {MODE_TITLES[m]}")
+        console.print(f"  {MODES[m].title}")
     with progress() as bar:
         task = bar.add_task("references (SDPA backends, Triton)", total=len(variants) + 1)
         refs, run.environment = bench_references(case, reps=reps, warmup=warmup, timeout=timeout, modes=modes,

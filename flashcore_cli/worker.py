@@ -2,12 +2,13 @@
 
     python -m flashcore_cli.worker SPEC.json
 
-Tasks: "build" (build one variant), "test" (build, then check cases), "bench" (build, check the bench
-shape, then time it), "references" (time PyTorch SDPA's backends and the Triton reference), "launch"
-(call a variant a few times for compute-sanitizer or ncu to watch), "trial" (one tuning combination:
-check, then time). Timing tasks time in each mode of spec["modes"] (timing.py; default ["cold"]) and emit
-one "timing" event per mode, or "timing-skipped" with the reason where the call cannot be timed in a mode.
-Progress goes to the spec's events file as JSON lines; the last line of a clean run is {"event": "done"}.
+SPEC.json is a WorkRequest (core/protocol.py: the request, and every event this process writes) plus the path
+of its events file. Tasks: "build" (build one variant), "test" (build, then check cases), "bench" (build,
+check the bench shape, then time it), "references" (time PyTorch SDPA's backends and the Triton reference),
+"launch" (call a variant a few times for compute-sanitizer or ncu to watch), "trial" (one tuning combination:
+check, then time). Timing tasks time in each mode of request.modes (measure/modes.py; none: the default mode)
+and emit one "timing" event per mode, or "timing-skipped" with the reason where the call cannot be timed in a
+mode. Progress goes to the events file as JSON lines; the last line of a clean run is {"event": "done"}.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import sys
 import traceback
 
+from flashcore_cli.core.protocol import WorkRequest
 from flashcore_cli.registry.shapes import Case
 
 
@@ -28,19 +30,19 @@ class Events:
         self.handle.flush()
 
 
-def _build(spec: dict, events: Events):
+def _build(request: WorkRequest, events: Events):
     from flashcore_cli.api import Attention
     from flashcore_cli.builder.jit import BuildError, build_variant
     from flashcore_cli.registry.variants import load_registry
 
     from flashcore_cli.builder.tuned import tuned_defines_here
 
-    variant = load_registry(spec["registry"]).get(spec["variant"])
-    explicit = spec.get("defines") or {}
+    variant = load_registry(request.registry).get(request.variant)
+    explicit = request.defines
     # a tuning trial passes its own defines; everything else builds with the stored winner for this GPU
-    defines = explicit if spec.get("ignore_tuned") else {**tuned_defines_here(variant.name), **explicit}
+    defines = explicit if request.ignore_tuned else {**tuned_defines_here(variant.name), **explicit}
     try:
-        result = build_variant(variant, spec["arch"], force=spec.get("force", False), extra_defines=defines or None)
+        result = build_variant(variant, request.arch, force=request.force, extra_defines=defines or None)
     except BuildError as exc:
         events.emit("build-failed", errors=exc.errors, log=str(exc.log))
         return None
@@ -52,8 +54,8 @@ def _crash(events: Events, exc: BaseException, where: str) -> None:
     events.emit("crash", where=where, error=f"{type(exc).__name__}: {exc}".strip()[:2000])
 
 
-def task_build(spec: dict, events: Events) -> None:
-    _build(spec, events)
+def task_build(request: WorkRequest, events: Events) -> None:
+    _build(request, events)
 
 
 def _check(attn, case: Case, events: Events):
@@ -70,8 +72,10 @@ def _check(attn, case: Case, events: Events):
     return result
 
 
-def _modes(spec: dict) -> list[str]:
-    return list(spec.get("modes") or ["cold"])
+def _modes(request: WorkRequest) -> list[str]:
+    from flashcore_cli.measure.modes import DEFAULT_MODE
+
+    return list(request.modes or [DEFAULT_MODE])
 
 
 def variant_call(attn, case: Case, passes: str):
@@ -98,13 +102,14 @@ def variant_call(attn, case: Case, passes: str):
     return forward_backward
 
 
-def _time(attn, case: Case, spec: dict, events: Events) -> None:
-    from flashcore_cli.measure.timing import TimingError, time_callable
+def _time(attn, case: Case, request: WorkRequest, events: Events) -> None:
+    from flashcore_cli.measure.modes import time_callable
+    from flashcore_cli.measure.timing import TimingError
 
-    call = variant_call(attn, case, spec.get("pass", "fwd"))
-    for mode in _modes(spec):
+    call = variant_call(attn, case, request.passes)
+    for mode in _modes(request):
         try:
-            timing = time_callable(call, mode=mode, reps=spec["reps"], warmup=spec["warmup"])
+            timing = time_callable(call, mode=mode, reps=request.reps, warmup=request.warmup)
         except TimingError as exc:  # this mode cannot time the call: say why, go on with the next mode
             events.emit("timing-skipped", name=attn.name, key=attn.build.key, mode=mode, reason=str(exc))
             continue
@@ -114,45 +119,46 @@ def _time(attn, case: Case, spec: dict, events: Events) -> None:
         events.emit("timing", name=attn.name, key=attn.build.key, **timing.as_dict())
 
 
-def task_test(spec: dict, events: Events) -> None:
-    attn = _build(spec, events)
+def task_test(request: WorkRequest, events: Events) -> None:
+    attn = _build(request, events)
     if attn is None:
         return
-    for raw in spec["cases"]:
+    for raw in request.cases:
         if _check(attn, Case.from_dict(raw), events) is None:
             return
 
 
-def task_bench(spec: dict, events: Events) -> None:
+def task_bench(request: WorkRequest, events: Events) -> None:
     import torch
 
-    attn = _build(spec, events)
+    attn = _build(request, events)
     if attn is None:
         return
     events.emit("device", gpu=torch.cuda.get_device_name())  # which GPU measured the row (sweep's lanes)
-    case = Case.from_dict(spec["case"])
+    case = Case.from_dict(request.case)
     result = _check(attn, case, events)
     if result is None or result.status != "OK":
         return  # never time a variant that failed correctness
-    _time(attn, case, spec, events)
+    _time(attn, case, request, events)
 
 
-def task_references(spec: dict, events: Events) -> None:
+def task_references(request: WorkRequest, events: Events) -> None:
     from flashcore_cli.check.case import make_inputs
     from flashcore_cli.core.records import environment
     from flashcore_cli.measure.references import reference_functions
-    from flashcore_cli.measure.timing import L2Flusher, TimingError, time_callable
+    from flashcore_cli.measure.modes import needs_flusher, time_callable
+    from flashcore_cli.measure.timing import L2Flusher, TimingError
 
     from flashcore_cli.measure.roofline import device_peaks
 
     events.emit("built", note="references need no build")
     peaks = device_peaks()
     events.emit("environment", **environment(), peaks=peaks.as_dict() if peaks else None)
-    case = Case.from_dict(spec["case"])
+    case = Case.from_dict(request.case)
     q, k, v = make_inputs(case)
-    modes = _modes(spec)
-    flusher = L2Flusher() if "cold" in modes else None
-    for name, fn, context, why_not in reference_functions(q, k, v, case.causal, spec.get("pass", "fwd")):
+    modes = _modes(request)
+    flusher = L2Flusher() if needs_flusher(modes) else None  # one for every row, made before any is timed
+    for name, fn, context, why_not in reference_functions(q, k, v, case.causal, request.passes):
         if fn is None:
             events.emit("reference-skipped", name=name, reason=why_not)  # no mode: skipped in every mode
             continue
@@ -166,7 +172,7 @@ def task_references(spec: dict, events: Events) -> None:
             detail = describe() if describe else ""
             for mode in modes:
                 try:
-                    timing = time_callable(fn, mode=mode, reps=spec["reps"], warmup=spec["warmup"], flusher=flusher)
+                    timing = time_callable(fn, mode=mode, reps=request.reps, warmup=request.warmup, flusher=flusher)
                 except Exception as exc:  # this mode cannot time it (e.g. no graph capture): the reason, per mode
                     reason = str(exc) if isinstance(exc, TimingError) else _first_line(exc)
                     events.emit("reference-skipped", name=name, mode=mode, reason=reason)
@@ -178,7 +184,7 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
 
 
-def task_launch(spec: dict, events: Events) -> None:
+def task_launch(request: WorkRequest, events: Events) -> None:
     """Call the variant `calls` times on one case and nothing else: the process compute-sanitizer or ncu
     watches (sanitize/profile build the variant beforehand, so this only loads it from the cache). A variant
     with a backward runs it too (from the forward's o and lse, into NaN-poisoned gradients), so the tools see
@@ -187,16 +193,16 @@ def task_launch(spec: dict, events: Events) -> None:
 
     from flashcore_cli.check.case import grad_output, make_inputs
 
-    attn = _build(spec, events)
+    attn = _build(request, events)
     if attn is None:
         return
-    case = Case.from_dict(spec["case"])
+    case = Case.from_dict(request.case)
     q, k, v = make_inputs(case)
     backward = attn.variant.supports("backward")
     out = torch.full_like(q, float("nan"))
     events.emit("case-start", case=case.as_dict())
     try:
-        for _ in range(spec.get("calls", 1)):
+        for _ in range(request.calls):
             if backward:
                 out, lse = attn(q, k, v, causal=case.causal, return_lse=True)
                 grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
@@ -207,26 +213,26 @@ def task_launch(spec: dict, events: Events) -> None:
     except Exception as exc:
         _crash(events, exc, case.label())
         return
-    events.emit("launched", calls=spec.get("calls", 1), kernels=[p[0] for p in attn.plan(case.shape.head_dim)])
+    events.emit("launched", calls=request.calls, kernels=[p[0] for p in attn.plan(case.shape.head_dim)])
 
 
-def task_trial(spec: dict, events: Events) -> None:
-    """One tuning trial: build with exactly spec["defines"] (spec["ignore_tuned"] keeps the stored winner
-    out), check every case, and time spec["case"] only if all passed."""
+def task_trial(request: WorkRequest, events: Events) -> None:
+    """One tuning trial: build with exactly request.defines (request.ignore_tuned keeps the stored winner
+    out), check every case, and time request.case only if all passed."""
     import torch
 
     from flashcore_cli.core.records import environment
 
-    attn = _build(spec, events)
+    attn = _build(request, events)
     if attn is None:
         return
     events.emit("device", gpu=torch.cuda.get_device_name())
     events.emit("environment", **environment())
-    for raw in spec["cases"]:
+    for raw in request.cases:
         result = _check(attn, Case.from_dict(raw), events)
         if result is None or result.status != "OK":
             return  # never time a configuration that failed correctness
-    _time(attn, Case.from_dict(spec["case"]), spec, events)
+    _time(attn, Case.from_dict(request.case), request, events)
 
 
 TASKS = {
@@ -242,11 +248,12 @@ TASKS = {
 def main(argv: list[str]) -> int:
     spec = json.loads(open(argv[1]).read())
     events = Events(spec["events"])
+    request = WorkRequest.from_json(spec)
     try:
-        TASKS[spec["task"]](spec, events)
+        TASKS[request.task](request, events)
     except Exception as exc:
         traceback.print_exc()
-        _crash(events, exc, spec["task"])
+        _crash(events, exc, request.task)
         return 3
     events.emit("done")
     return 0

@@ -8,6 +8,7 @@ import json
 from typer.testing import CliRunner
 
 from flashcore_cli.cli import app
+from flashcore_cli.core.protocol import WorkerOutcome
 from flashcore_cli.measure import bench
 from flashcore_cli.registry.shapes import Case, Shape
 
@@ -15,20 +16,9 @@ runner = CliRunner()
 TIMING = {"median_us": 9.9, "p10_us": 9.8, "p90_us": 10.2, "mode": "cold"}
 
 
-class FakeWorker:
-    status = "done"
-    log_tail = ""
-
-    def __init__(self, events):
-        self.events = events
-
-    def find(self, kind):
-        return [e for e in self.events if e["event"] == kind]
-
-
-def fake_run_worker(spec, run_timeout, on_event=None):
-    assert spec["task"] == "references"
-    return FakeWorker([
+def fake_run_worker(request, run_timeout, on_event=None):
+    assert request.task == "references"
+    return WorkerOutcome("done", [
         {"event": "environment", "gpu": "fake"},
         {"event": "timing", "name": "sdpa", "detail": "", **TIMING},
         {"event": "timing", "name": "triton", "detail": "tile 64x64, 4 warps, 3 stages", **TIMING},

@@ -160,7 +160,7 @@ def test_build_answers_a_cached_variant_without_a_worker(project, fresh_cache, m
     fake_build(project, fresh_cache)
     monkeypatch.setattr(commands, "require_cuda_torch", lambda: None)
     spawned = []
-    monkeypatch.setattr("flashcore_cli.core.isolate.run_worker", lambda spec, **kw: spawned.append(spec))
+    monkeypatch.setattr("flashcore_cli.core.isolate.run_worker", lambda request, **kw: spawned.append(request))
     result = CliRunner().invoke(app, ["--registry", str(project / "variants.yaml"), "build", "k", "--arch", "sm_90"])
     assert result.exit_code == 0, result.output
     assert spawned == []
@@ -179,8 +179,8 @@ def test_build_with_force_or_a_tuned_winner_goes_to_a_worker(project, fresh_cach
     monkeypatch.setattr(commands, "require_cuda_torch", lambda: None)
     spawned = []
 
-    def run_worker(spec, **kw):
-        spawned.append(spec)
+    def run_worker(request, **kw):
+        spawned.append(request)
         return WorkerOutcome("done", events=[{"event": "built", "key": "x", "cached": False, "build_seconds": 1.0,
                                               "load_seconds": 0.0, "resources": [], "directory": "d",
                                               "binding": {"key": "b", "cached": False, "build_seconds": 20.0}}])  # fmt: skip
@@ -188,7 +188,7 @@ def test_build_with_force_or_a_tuned_winner_goes_to_a_worker(project, fresh_cach
     monkeypatch.setattr("flashcore_cli.core.isolate.run_worker", run_worker)
     args = ["--registry", str(project / "variants.yaml"), "build", "k", "--arch", "sm_90"]
     result = CliRunner().invoke(app, [*args, "--force"])
-    assert result.exit_code == 0 and len(spawned) == 1 and spawned[0]["force"]
+    assert result.exit_code == 0 and len(spawned) == 1 and spawned[0].force
     assert "built in 1.0 s (+ the shared binding, built in 20.0 s)" in " ".join(result.output.split())
     store_tuned("k", "NVIDIA H200", {"X": "1"}, {})
     result = CliRunner().invoke(app, args)
@@ -207,8 +207,8 @@ def test_build_all_runs_one_worker_per_variant(project, fresh_cache, monkeypatch
     monkeypatch.delenv("MAX_JOBS", raising=False)
     seen = []
 
-    def run_worker(spec, **kw):
-        seen.append((spec["variant"], os.environ.get("MAX_JOBS")))
+    def run_worker(request, **kw):
+        seen.append((request.variant, os.environ.get("MAX_JOBS")))
         return WorkerOutcome("done", events=[{"event": "built", "key": "x", "cached": False, "build_seconds": 1.0,
                                               "load_seconds": 0.0, "resources": [], "directory": "d", "binding": {}}])  # fmt: skip
 

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import REPO
 from flashcore_cli.core import isolate
+from flashcore_cli.core.protocol import WorkRequest
 
 COMPILERS = ("nvcc", "cicc", "ptxas", "cudafe++", "fatbinary", "nvlink", "gcc", "cc1plus", "g++", "ld")
 
@@ -86,7 +87,7 @@ def test_cancel_all_stops_a_worker_and_every_process_group_of_its_session(tmp_pa
 
     def run():
         try:
-            isolate.run_worker({"task": "none"}, run_timeout=60, build_timeout=60, prefix=[sys.executable, "-c", code])
+            isolate.run_worker(WorkRequest("none"), run_timeout=60, build_timeout=60, prefix=[sys.executable, "-c", code])
         except KeyboardInterrupt:
             outcome["interrupted"] = True
 

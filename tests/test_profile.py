@@ -95,8 +95,8 @@ def test_the_command_end_to_end_with_a_replayed_report(monkeypatch, tmp_path):
 
     attempts = []
 
-    def fake_run_worker(spec, *, run_timeout, prefix=None, env=None, **_):
-        if spec["task"] == "build":
+    def fake_run_worker(request, *, run_timeout, prefix=None, env=None, **_):
+        if request.task == "build":
             return WorkerOutcome("done", [{"event": "built", "key": "k"}, {"event": "done"}])
         metrics = prefix[prefix.index("--metrics") + 1].split(",")
         attempts.append((prefix, metrics))
@@ -136,8 +136,8 @@ def test_denied_counters_are_a_clear_exit_2(monkeypatch, tmp_path):
     from flashcore_cli.core.isolate import WorkerOutcome
     from flashcore_cli.builder.ptxas import KernelResources, VariantReport
 
-    def fake_run_worker(spec, *, run_timeout, prefix=None, env=None, **_):
-        if spec["task"] == "launch":
+    def fake_run_worker(request, *, run_timeout, prefix=None, env=None, **_):
+        if request.task == "launch":
             Path(prefix[prefix.index("--log-file") + 1]).write_text((INSTRUMENTS / "ncu_counters_denied.log").read_text())
         return WorkerOutcome("done", [{"event": "built", "key": "k"}, {"event": "done"}])
 

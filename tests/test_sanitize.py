@@ -117,9 +117,9 @@ def test_the_command_end_to_end_with_a_replayed_sanitizer_log(monkeypatch, tmp_p
 
     calls = []
 
-    def fake_run_worker(spec, *, run_timeout, prefix=None, env=None, **_):
-        calls.append((spec["task"], prefix, env))
-        if spec["task"] == "build":
+    def fake_run_worker(request, *, run_timeout, prefix=None, env=None, **_):
+        calls.append((request.task, prefix, env))
+        if request.task == "build":
             return WorkerOutcome("done", [{"event": "built", "key": "k"}, {"event": "done"}])
         Path(prefix[prefix.index("--log-file") + 1]).write_text(read("memcheck_fault.txt"))
         crash = {"event": "crash", "error": "RuntimeError: CUDA error: unspecified launch failure"}

@@ -12,9 +12,8 @@ from flashcore_cli.cli import app
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.core.isolate import WorkerOutcome
 from flashcore_cli.registry.shapes import Case, parse_shape
-from flashcore_cli.measure.timing import (
-    MAX_CALLS_PER_SAMPLE, MAX_TIMEOUTS, Timing, TimingError, calls_per_sample, collect, parse_modes, per_call, time_host,
-)  # fmt: skip
+from flashcore_cli.measure.modes import parse_modes, time_host
+from flashcore_cli.measure.timing import MAX_CALLS_PER_SAMPLE, MAX_TIMEOUTS, Timing, TimingError, calls_per_sample, collect, per_call
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "200"}
@@ -46,6 +45,35 @@ def test_a_bad_mode_is_exit_2_in_one_line(command):
     # the error itself, whole on its line; a dim "registry: ..." line may come before it (run from another checkout)
     (error,) = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert "bad --mode 'warm': expected cold, graph or host" in error and "Traceback" not in result.output
+
+
+# ---------------------------------------------------------------- the registry of modes (modes.py)
+def test_each_mode_is_one_object_of_the_registry():
+    from flashcore_cli.measure.modes import DEFAULT_MODE, MODES, mode_help, needs_flusher
+
+    assert list(MODES) == ["cold", "graph", "host"] and DEFAULT_MODE in MODES
+    assert MODES["cold"].title == "cold mode: L2 flushed, blocking start, events around one call"
+    assert MODES["graph"].title == "graph mode: CUDA graph replays, warm L2, device time per call"
+    assert MODES["host"].title == "host mode: back-to-back wall time per call, dispatch included"
+    assert mode_help() == "cold (L2 flushed, device time), graph (CUDA graph replays) or host (back-to-back wall time)"
+    assert needs_flusher(["host", "cold"]) and not needs_flusher(["graph", "host"])
+
+
+def test_time_callable_times_through_the_mode_s_object(monkeypatch):
+    from flashcore_cli.measure import modes
+
+    seen = {}
+
+    def time_warm(fn, **kw):
+        seen.update(kw)
+        return Timing([1.0], "warm")
+
+    monkeypatch.setitem(modes.MODES, "warm", modes.TimingMode("warm", "w", "one call", time_warm))
+    assert modes.time_callable(lambda: None, mode="warm", reps=100, warmup=3).mode == "warm"
+    assert seen == {"reps": 100, "warmup": 3, "flusher": None, "gate": None}  # it needs neither: none is made
+    assert parse_modes("warm,cold") == ["warm", "cold"]
+    with pytest.raises(ValueError, match="unknown timing mode 'lukewarm'"):
+        modes.time_callable(lambda: None, mode="lukewarm")
 
 
 # ---------------------------------------------------------------- the timing core's logic
@@ -145,7 +173,7 @@ def test_worker_events_become_one_row_per_mode(monkeypatch):
               {"event": "timing-skipped", "mode": "graph", "reason": "cannot be captured in a CUDA graph (RuntimeError: x)"},
               timing("host", 310.0), {"event": "done"}]  # fmt: skip
     seen = {}
-    monkeypatch.setattr(bench, "run_worker", lambda spec, **kw: seen.update(spec) or WorkerOutcome("done", events))
+    monkeypatch.setattr(bench, "run_worker", lambda request, **kw: seen.update(modes=request.modes) or WorkerOutcome("done", events))
     reg = load_registry(None)
     rows = bench_variant(reg, reg.get("baseline"), Case(parse_shape("1,2,64,64"), False, 1), arch="sm_90", reps=100, warmup=1,
                          timeout=60, modes=("cold", "graph", "host"))  # fmt: skip
@@ -164,7 +192,7 @@ def test_reference_rows_are_split_by_mode(monkeypatch):
               {"event": "reference-skipped", "name": "triton", "mode": "graph", "reason": "cannot be captured"},
               {"event": "timing", "name": "triton", "mode": "cold", "median_us": 10.0, "p10_us": 9.0, "p90_us": 11.0, "samples_us": [10.0]},
               {"event": "done"}]  # fmt: skip
-    monkeypatch.setattr(bench, "run_worker", lambda spec, **kw: WorkerOutcome("done", events))
+    monkeypatch.setattr(bench, "run_worker", lambda request, **kw: WorkerOutcome("done", events))
     rows, env = bench_references(Case(parse_shape("1,8,512,64"), False, 1), reps=100, warmup=1, timeout=60, modes=("cold", "graph"))
     assert env == {"gpu": "NVIDIA H200"}
     status = {m: {r.name: r.status for r in rs} for m, rs in rows.items()}
@@ -228,7 +256,7 @@ def test_a_blocking_start_never_charges_host_time(tiny):
 
     import torch
 
-    from flashcore_cli.measure.timing import time_callable
+    from flashcore_cli.measure.modes import time_callable
 
     def slow_host():
         time.sleep(200e-6)
@@ -258,7 +286,7 @@ def test_a_call_that_waits_for_the_gpu_is_reported_not_timed(tiny):
     import torch
 
     from flashcore_cli.measure.blocking_start import BlockingStart
-    from flashcore_cli.measure.timing import time_callable
+    from flashcore_cli.measure.modes import time_callable
 
     gate = BlockingStart(timeout_ms=5)
 
@@ -274,7 +302,7 @@ def test_a_call_that_waits_for_the_gpu_is_reported_not_timed(tiny):
 
 @pytest.mark.gpu
 def test_graph_mode_times_per_call_and_reports_what_cannot_be_captured(tiny):
-    from flashcore_cli.measure.timing import time_callable
+    from flashcore_cli.measure.modes import time_callable
 
     with pytest.raises(TimingError, match="cannot be captured in a CUDA graph"):
         time_callable(lambda: tiny.add_(1).sum().item(), mode="graph", reps=100, warmup=2)

@@ -167,11 +167,11 @@ def test_the_command_end_to_end_with_fake_trials(monkeypatch, tmp_path, fresh_ca
 
     specs = []
 
-    def fake_run_worker(spec, *, run_timeout, **_):
-        specs.append(spec)
-        value = int(spec["defines"]["FC_TUNE_UNUSED"])
+    def fake_run_worker(request, *, run_timeout, **_):
+        specs.append(request)
+        value = int(request.defines["FC_TUNE_UNUSED"])
         median = {1: 30.0, 2: 20.0}[value]
-        checks = [{"event": "case", "case": c, "status": "OK", "detail": ""} for c in spec["cases"]]
+        checks = [{"event": "case", "case": c, "status": "OK", "detail": ""} for c in request.cases]
         timing = {"event": "timing", "median_us": median, "p10_us": median - 0.2, "p90_us": median + 0.2, "samples_us": [median] * 100}
         return WorkerOutcome("done", [{"event": "built", "key": f"k{value}"}, {"event": "device", "gpu": "NVIDIA H100 80GB HBM3"},
                                       *checks, timing, {"event": "done"}])  # fmt: skip
@@ -185,11 +185,11 @@ def test_the_command_end_to_end_with_fake_trials(monkeypatch, tmp_path, fresh_ca
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path))
     result = runner.invoke(app, ["--registry", TUNE_REGISTRY, "tune", "tunable", "--shape", "1,2,128,64", "--mode", "host"])
     assert result.exit_code == 0, result.output
-    assert [s["defines"] for s in specs] == [{"FC_TUNE_UNUSED": "1"}, {"FC_TUNE_UNUSED": "2"}]  # 3: the constraint
-    assert all(s["ignore_tuned"] and s["task"] == "trial" and s["modes"] == ["host"] for s in specs)
+    assert [s.defines for s in specs] == [{"FC_TUNE_UNUSED": "1"}, {"FC_TUNE_UNUSED": "2"}]  # 3: the constraint
+    assert all(s.ignore_tuned and s.task == "trial" and s.modes == ["host"] for s in specs)
     (saved,) = tmp_path.glob("tune-*.json")
     assert json.loads(saved.read_text())["mode"] == "host"
-    cases = {(c["shape"], c["causal"]) for c in specs[0]["cases"]}
+    cases = {(c["shape"], c["causal"]) for c in specs[0].cases}
     assert cases == {(s, causal) for s in ("1,2,128,64", "2,3,17,64", "2,3,97,64") for causal in (False, True)}
     assert tuned_defines("tunable", "NVIDIA H100 80GB HBM3") == {"FC_TUNE_UNUSED": "2"}
     out = " ".join(result.output.split())

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flashcore_cli.core.isolate import run_worker
+from flashcore_cli.core.protocol import BUILD_FAIL, CRASH, TIMEOUT, WorkerOutcome, WorkRequest, Wording, classify
 from flashcore_cli.registry.variants import Registry, Variant
 from flashcore_cli.registry.shapes import Case, Shape, default_cases, expand_cases
 
@@ -109,49 +110,48 @@ def run_variant(
             runnable.append(case)
     result = VariantOutcome(variant.name, [])
     if runnable:
-        spec = {
-            "task": "test",
-            "registry": str(registry.path),
-            "variant": variant.name,
-            "arch": arch,
-            "defines": defines or {},
-            "cases": [c.as_dict() for c in runnable],
-        }
-        worker = run_worker(spec, run_timeout=timeout, on_event=on_event)
+        request = WorkRequest("test", str(registry.path), variant.name, arch, defines=defines or {},
+                              cases=[c.as_dict() for c in runnable])  # fmt: skip
+        worker = run_worker(request, run_timeout=timeout, on_event=on_event)
         result.seconds = worker.seconds
-        built = worker.find("built")
-        result.build = built[0] if built else {}
-        by_case = {json.dumps(e["case"], sort_keys=True): e for e in worker.find("case")}
-        started = [json.dumps(e["case"], sort_keys=True) for e in worker.find("case-start")]
-        failed_build = worker.find("build-failed")
-        crash = worker.find("crash")
-        for case in runnable:
-            key = json.dumps(case.as_dict(), sort_keys=True)
-            if failed_build:
-                outcomes[case] = CaseOutcome(case, "BUILD-FAIL", detail=failed_build[0]["errors"])
-            elif key in by_case:
-                e = by_case[key]
-                outcomes[case] = CaseOutcome(
-                    case, e["status"], e["max_error"], e["tolerance"], e.get("detail", ""), e.get("mismatches", [])
-                )
-            elif started and key == started[-1] and worker.status == "timeout":
-                outcomes[case] = CaseOutcome(case, "TIMEOUT", detail=f"no result after {timeout:.0f} s; process group killed")
-            elif started and key == started[-1] and (crash or worker.status == "crash"):
-                detail = crash[0]["error"] if crash else f"worker died (exit {worker.returncode})\n{worker.log_tail}"
-                outcomes[case] = CaseOutcome(case, "CRASH", detail=detail)
-            else:
-                outcomes[case] = CaseOutcome(case, "NOT-RUN", detail="an earlier case of this variant timed out or crashed")
-        if worker.status == "timeout" and worker.phase == "build":
-            result.detail = "the build did not finish in time"
-            for case in runnable:
-                outcomes[case] = CaseOutcome(case, "TIMEOUT", detail=result.detail)
-        elif not started and not failed_build and worker.status == "crash":
-            detail = crash[0]["error"] if crash else worker.log_tail
-            result.detail = detail
-            for case in runnable:
-                outcomes[case] = CaseOutcome(case, "CRASH", detail=detail)
+        result.build = worker.built or {}
+        checked, result.detail = read_cases(worker, runnable, timeout)
+        outcomes.update(checked)
     result.cases = [outcomes[c] for c in cases]
     return result
+
+
+# how a test words a timeout and a worker that died: of the case it was checking, or of the build before any case
+CASE_WORDS = Wording(timeout="no result after {timeout:.0f} s; process group killed", died="worker died (exit {returncode})\n{log_tail}")
+BUILD_WORDS = Wording(timeout="the build did not finish in time")
+
+
+def read_cases(worker: WorkerOutcome, runnable: list[Case], timeout: float) -> tuple[dict[Case, CaseOutcome], str]:
+    """Each case's outcome from a test worker's events: its result where it was checked; else the worker's
+    failure (classify) for the case it was checking, or for every case when it failed before checking any
+    (then that is also the variant's detail, returned second); NOT-RUN for the cases after it."""
+    started = [_key(c) for c in worker.started_cases()]
+    verdict = classify(worker, timeout=timeout, wording=CASE_WORDS if started else BUILD_WORDS)
+    if verdict.status == BUILD_FAIL:
+        return {case: CaseOutcome(case, BUILD_FAIL, detail=verdict.detail) for case in runnable}, ""
+    if (verdict.status == TIMEOUT and worker.phase == "build") or (verdict.status == CRASH and not started):
+        return {case: CaseOutcome(case, verdict.status, detail=verdict.detail) for case in runnable}, verdict.detail
+    by_case = {_key(e["case"]): e for e in worker.case_results()}
+    outcomes = {}
+    for case in runnable:
+        key = _key(case.as_dict())
+        if key in by_case:
+            e = by_case[key]
+            outcomes[case] = CaseOutcome(case, e["status"], e["max_error"], e["tolerance"], e.get("detail", ""), e.get("mismatches", []))
+        elif started and key == started[-1] and verdict.status in (TIMEOUT, CRASH):
+            outcomes[case] = CaseOutcome(case, verdict.status, detail=verdict.detail)
+        else:
+            outcomes[case] = CaseOutcome(case, "NOT-RUN", detail="an earlier case of this variant timed out or crashed")
+    return outcomes, ""
+
+
+def _key(case: dict) -> str:
+    return json.dumps(case, sort_keys=True)
 
 
 def new_seed() -> int:

@@ -2,8 +2,9 @@
 
 A kernel can hang (the seeds' v9 deadlocked) or fault (v10's "unspecified launch failure" poisons the
 CUDA context for the whole process). So each variant's work runs in `python -m flashcore_cli.worker`,
-which reports progress as JSON lines in an events file. The parent follows the events, kills the whole
-group when the deadline passes, and classifies what happened; the run goes on to the next variant.
+which reports progress as JSON lines in an events file (protocol.py: the request it reads, the events it
+writes). The parent follows the events, kills the whole group when the deadline passes, and hands back a
+WorkerOutcome (protocol.classify says what happened); the run goes on to the next variant.
 
 Deadlines: `build_timeout` until the worker says it has built the variant, then `run_timeout` for the rest.
 
@@ -29,8 +30,9 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from flashcore_cli.core.protocol import WorkerOutcome, WorkRequest
 
 DEFAULT_BUILD_TIMEOUT = 900.0
 
@@ -42,21 +44,8 @@ _live_lock = threading.Lock()
 _DIED_OF_SIGINT = re.compile(r"died due to signal 2\b")
 
 
-@dataclass
-class WorkerOutcome:
-    status: str  # "done", "timeout", "crash"
-    events: list[dict] = field(default_factory=list)
-    returncode: int | None = None
-    seconds: float = 0.0
-    log_tail: str = ""
-    phase: str = "build"  # "build" or "run": where a timeout struck
-
-    def find(self, kind: str) -> list[dict]:
-        return [e for e in self.events if e.get("event") == kind]
-
-
 def run_worker(
-    spec: dict,
+    request: WorkRequest,
     *,
     run_timeout: float,
     build_timeout: float = DEFAULT_BUILD_TIMEOUT,
@@ -64,15 +53,15 @@ def run_worker(
     env: dict[str, str] | None = None,
     prefix: list[str] | None = None,
 ) -> WorkerOutcome:
-    """`env` adds variables (e.g. CUDA_VISIBLE_DEVICES to pin a GPU); `prefix` wraps the command (e.g. a
-    compute-sanitizer or ncu invocation)."""
+    """Run `request` in a worker (protocol.py: what it says and what it answers). `env` adds variables (e.g.
+    CUDA_VISIBLE_DEVICES to pin a GPU); `prefix` wraps the command (e.g. a compute-sanitizer or ncu invocation)."""
     with tempfile.TemporaryDirectory(prefix="flashcore-worker-") as tmp:
         tmpdir = Path(tmp)
         events_path = tmpdir / "events.jsonl"
         log_path = tmpdir / "worker.log"
         spec_path = tmpdir / "spec.json"
         events_path.touch()
-        spec_path.write_text(json.dumps({**spec, "events": str(events_path)}))
+        spec_path.write_text(json.dumps({**request.to_json(), "events": str(events_path)}))
         child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         start = time.monotonic()
         if _cancelled.is_set():

@@ -1,7 +1,7 @@
 """Run records: every bench, sweep and tune writes its JSON record into a results folder, so runs can be
 compared later (`flashcore compare A.json B.json`).
 
-Every record says how it was timed in a top-level "mode": "cold", "graph" or "host" (timing.py); a record
+Every record says how it was timed in a top-level "mode", a timing mode's name (measure/modes.py); a record
 without one is from before the modes, and was timed cold. A bench of several modes keeps its first mode's
 "mode" and "rows" at the top and adds "runs", one {"mode", "rows"} section per mode (bench.py).
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.protocol import CRASH, TIMEOUT, classify
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 DEFAULT_SEQ_LEN = 97  # not a multiple of any tile: the last tile of every CTA row is partial
@@ -161,13 +162,13 @@ def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, ca
     if not text.strip():
         raise FlashcoreError(f"{title}: compute-sanitizer wrote no log (worker {outcome.status}):\n{outcome.log_tail}", exit_code=1)
     report = parse_sanitizer(text, tool)
-    worker = {"status": outcome.status, "returncode": outcome.returncode, "crash": [e["error"] for e in outcome.find("crash")]}
+    worker = {"status": outcome.status, "returncode": outcome.returncode, "crash": outcome.crash_errors}
     record = {"kind": "flashcore-sanitize", "variant": variant.name, "case": case.as_dict(), "arch": arch, "worker": worker, **report.as_dict()}
     saved = save_record(record, "sanitize", f"{variant.name}-{tool}")
     saved.with_suffix(".log").write_text(text)
 
     render_sanitize(report, title, show)
-    crashed = outcome.status != "done" or bool(outcome.find("crash"))
+    crashed = classify(outcome).status in (TIMEOUT, CRASH)  # the sanitized run itself failed
     _print_verdict(report, crashed, worker, f"{tool}, {variant.name}, {case.label()}")
     _print(f"full log: {saved.with_suffix('.log')}; record: {saved}")
     return 1 if report.errors or crashed else 0

@@ -8,8 +8,9 @@ include, build/cache.py source_closure) and of the registry, a few times a secon
 an iteration once the files have been still for a moment (an editor's several writes are one change), and
 only when their content differs from what was built last (a touch, or a save without an edit, is no change).
 An iteration runs the same isolated workers as `flashcore test` and `flashcore bench` (check/correctness.py
-run_variant, measure/bench.py bench_variant and bench_references, cold mode): a compile error or a mismatch is
-shown and the loop goes on; Ctrl-C kills the running worker's process group and leaves with exit 130.
+run_variant, measure/bench.py bench_variant and bench_references, in BENCH_MODE: bench's default, cold): a
+compile error or a mismatch is shown and the loop goes on; Ctrl-C kills the running worker's process group and
+leaves with exit 130.
 
 The loop itself (Watcher) takes its steps as functions (WatchSteps), so tests drive it with fakes on a CPU.
 """
@@ -26,10 +27,12 @@ from typing import Callable
 from flashcore_cli.builder.ptxas import KernelResources, kernel_base_name
 from flashcore_cli.check.correctness import CaseOutcome, VariantOutcome
 from flashcore_cli.core.errors import EXIT_INTERRUPTED, FlashcoreError
+from flashcore_cli.measure.modes import DEFAULT_MODE
 
 POLL_SECONDS = 0.2  # between two looks at the files' mtimes
 SETTLE_SECONDS = 0.25  # how long the files must be still before a change starts an iteration
 MAX_ERROR_LINES = 12
+BENCH_MODE = DEFAULT_MODE  # what --bench times in (modes.py)
 
 
 @dataclass
@@ -80,7 +83,7 @@ class WatchSteps:
     load()          -> (registry, variant), read again each iteration (an edited registry takes effect)
     check(r, v)     -> VariantOutcome: build (or load) and check the cases (`flashcore test`'s worker)
     resources(b)    -> the kernels' ptxas resources of a "built" event
-    bench(r, v)     -> (median us or None, a note): time the bench case, cold (None: no --bench)
+    bench(r, v)     -> (median us or None, a note): time the bench case, in BENCH_MODE (None: no --bench)
     sdpa()          -> SDPA's median us at the bench case, or None (called once, at the first bench)
     """
 
@@ -307,7 +310,7 @@ def render_iteration(console, it: Iteration, history: list[Iteration], *, title:
         ratio = worst.max_error / worst.tolerance
         grid.add_row("max error", f"{worst.max_error:.3g} vs tolerance {worst.tolerance:.3g} ({ratio:.2f}x)  [dim]{escape(worst.case.label())}[/]")
     if it.median_us is not None:
-        parts = [f"{it.median_us:.1f} us median (cold)"]
+        parts = [f"{it.median_us:.1f} us median ({BENCH_MODE})"]
         if it.sdpa_us:
             parts.append(f"vs SDPA {it.sdpa_us:.1f} us: {it.sdpa_us / it.median_us:.2f}x")
         if it.previous_us:
@@ -361,7 +364,7 @@ def run_watch(registry_path, name: str, shape_values: list[str] | None, causal: 
     steps = worker_steps(registry_path, variant_name, shapes, causal=causal, dtype=dtype, arch=arch, timeout=timeout,
                          seed=seed, bench=bench, reps=reps)  # fmt: skip
     what = f"{', '.join(map(str, shapes))}{' causal' if causal else ''} {dtype}"
-    title = f"flashcore watch {variant_name} · {what} · {arch}" + (" · bench cold" if bench else "")
+    title = f"flashcore watch {variant_name} · {what} · {arch}" + (f" · bench {BENCH_MODE}" if bench else "")
     console.print(f"watching {variant_name} ({what}, {arch}); seed {seed}; Ctrl-C stops")
     watcher = Watcher(steps, lambda it, hist: render_iteration(console, it, hist, title=title, clear=console.is_terminal),
                       interval=interval)  # fmt: skip
@@ -374,7 +377,7 @@ def run_watch(registry_path, name: str, shape_values: list[str] | None, causal: 
 def worker_steps(registry_path, variant_name: str, shapes, *, causal: bool, dtype: str, arch: str, timeout: float,
                  seed: int, bench: bool = False, reps: int = 100) -> WatchSteps:  # fmt: skip
     """The real steps: `flashcore test`'s worker at the shapes (one case per shape: this causal mode, this
-    dtype, seeds from `seed`), and with bench `flashcore bench`'s (cold) at the first shape."""
+    dtype, seeds from `seed`), and with bench `flashcore bench`'s (in BENCH_MODE) at the first shape."""
     from flashcore_cli.registry.shapes import Case
     from flashcore_cli.registry.variants import load_registry
 
@@ -393,7 +396,7 @@ def worker_steps(registry_path, variant_name: str, shapes, *, causal: bool, dtyp
     def time_it(reg, variant):
         from flashcore_cli.measure.bench import bench_variant
 
-        row = bench_variant(reg, variant, bench_case, arch=arch, reps=reps, warmup=10, timeout=timeout, modes=("cold",))["cold"]
+        row = bench_variant(reg, variant, bench_case, arch=arch, reps=reps, warmup=10, timeout=timeout, modes=(BENCH_MODE,))[BENCH_MODE]
         if row.median:
             return row.median, ""
         return None, f"not timed: {row.status} {(row.detail or '').splitlines()[0] if row.detail else ''}".strip()
@@ -401,8 +404,8 @@ def worker_steps(registry_path, variant_name: str, shapes, *, causal: bool, dtyp
     def sdpa():
         from flashcore_cli.measure.bench import bench_references, sdpa_median
 
-        rows, _ = bench_references(bench_case, reps=reps, warmup=10, timeout=timeout, modes=("cold",))
-        return sdpa_median(rows["cold"])
+        rows, _ = bench_references(bench_case, reps=reps, warmup=10, timeout=timeout, modes=(BENCH_MODE,))
+        return sdpa_median(rows[BENCH_MODE])
 
     return WatchSteps(load, check, resources_of, time_it if bench else None, sdpa if bench else None)
 

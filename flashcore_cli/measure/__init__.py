@@ -1,1 +1,1 @@
-"""Stage 5, measure: timing (cold, graph, host), bench, sweep and tune beside the references, over every GPU."""
+"""Stage 5, measure: timing and its modes (modes.py: cold, graph, host), bench, sweep and tune beside the references, over every GPU."""

@@ -2,7 +2,7 @@
 
 The references (SDPA default and each backend, the Triton forward) run in one worker; each variant in a
 worker of its own that builds it, checks it at the bench shape and times it only if the check passed.
-Each worker times in every mode the run asks for (timing.py: cold, graph, host), so a run has one set of
+Each worker times in every mode the run asks for (modes.py: cold, graph, host), so a run has one set of
 rows per mode; a row's speedup is SDPA default's median over the row's median, both measured in this run
 and in the same mode.
 
@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 
 from flashcore_cli.check.correctness import CaseOutcome
 from flashcore_cli.core.isolate import run_worker
+from flashcore_cli.core.protocol import BUILD_FAIL, LAST_WORDS, OK, WorkerOutcome, WorkRequest, classify, timing_fields
 from flashcore_cli.core.records import clocks
+from flashcore_cli.measure.modes import DEFAULT_MODE
 from flashcore_cli.measure.references import SDPA_DEFAULT
 from flashcore_cli.registry.variants import Registry, Variant
 from flashcore_cli.measure.roofline import Peaks, roofline
 from flashcore_cli.registry.shapes import Case, Shape, pass_bytes, pass_flops
 
 MIN_REPS = 100
-TIMING_KEYS = ("median_us", "p10_us", "p90_us", "calls_per_sample", "timed_out_samples", "samples_us")
 
 
 @dataclass
@@ -64,7 +65,7 @@ class BenchRun:
     shape: Shape
     causal: bool
     seed: int
-    modes: list[str] = field(default_factory=lambda: ["cold"])
+    modes: list[str] = field(default_factory=lambda: [DEFAULT_MODE])
     dtype: str = "fp16"  # of q, k, v for every row, references included
     passes: str = "fwd"  # what a timed call does: fwd, bwd or fwd+bwd (shapes.PASSES)
     rows: dict[str, list[BenchRow]] = field(default_factory=dict)  # mode -> its rows, in run order
@@ -115,32 +116,20 @@ class BenchRun:
         return record
 
 
-def bench_references(case: Case, *, reps: int, warmup: int, timeout: float, modes=("cold",), on_event=None,
+def bench_references(case: Case, *, reps: int, warmup: int, timeout: float, modes=(DEFAULT_MODE,), on_event=None,
                      passes: str = "fwd") -> tuple[dict[str, list[BenchRow]], dict]:  # fmt: skip
     """The reference rows of every mode ({mode: rows}) and the run's environment, from one worker."""
-    spec = {"task": "references", "case": case.as_dict(), "reps": reps, "warmup": warmup, "modes": list(modes),
-            "pass": passes}  # fmt: skip
-    worker = run_worker(spec, run_timeout=timeout, on_event=on_event)
-    env = (worker.find("environment") or [{}])[0]
-    env = {k: v for k, v in env.items() if k != "event"}
-    crash = worker.find("crash")
+    request = WorkRequest("references", case=case.as_dict(), reps=reps, warmup=warmup, modes=list(modes), passes=passes)
+    worker = run_worker(request, run_timeout=timeout, on_event=on_event)
+    verdict = classify(worker, wording=LAST_WORDS)  # the rows timed before a crash or a timeout stand beside it
     rows: dict[str, list[BenchRow]] = {}
     for mode in modes:
-        rows[mode] = [BenchRow(e["name"], "reference", "OK", _timing(e), detail=e.get("detail", ""))
-                      for e in worker.find("timing") if _in_mode(e, mode)]  # fmt: skip
-        rows[mode] += [BenchRow(e["name"], "reference", "SKIP", detail=e["reason"])
-                       for e in worker.find("reference-skipped") if _in_mode(e, mode)]  # fmt: skip
-        if worker.status != "done" or crash:
-            rows[mode].append(
-                BenchRow("references", "reference", "CRASH" if worker.status != "timeout" else "TIMEOUT",
-                         detail=crash[0]["error"] if crash else worker.log_tail)
-            )  # fmt: skip
-    return rows, env
-
-
-def _in_mode(event: dict, mode: str) -> bool:
-    """An event without a mode (a row skipped before any timing) belongs to every mode."""
-    return event.get("mode", mode) == mode
+        rows[mode] = [BenchRow(e["name"], "reference", "OK", timing_fields(e), detail=e.get("detail", ""))
+                      for e in worker.timings(mode)]  # fmt: skip
+        rows[mode] += [BenchRow(e["name"], "reference", "SKIP", detail=e["reason"]) for e in worker.reference_skips(mode)]
+        if verdict.status != OK:
+            rows[mode].append(BenchRow("references", "reference", verdict.status, detail=verdict.detail))
+    return rows, worker.environment
 
 
 def bench_variant(
@@ -152,7 +141,7 @@ def bench_variant(
     reps: int,
     warmup: int,
     timeout: float,
-    modes=("cold",),
+    modes=(DEFAULT_MODE,),
     on_event=None,
     defines: dict[str, str] | None = None,
     passes: str = "fwd",
@@ -161,51 +150,31 @@ def bench_variant(
     reason = variant.unsupported_reason(case.shape.head_dim, case.causal, arch, case.dtype, **case.needs())
     if reason:
         return {m: BenchRow(variant.name, "variant", "SKIP", detail=reason) for m in modes}
-    spec = {
-        "task": "bench",
-        "registry": str(registry.path),
-        "variant": variant.name,
-        "arch": arch,
-        "defines": defines or {},
-        "case": case.as_dict(),
-        "reps": reps,
-        "warmup": warmup,
-        "modes": list(modes),
-        "pass": passes,
-    }
-    worker = run_worker(spec, run_timeout=timeout, on_event=on_event)
+    request = WorkRequest("bench", str(registry.path), variant.name, arch, defines=defines or {}, case=case.as_dict(), reps=reps,
+                          warmup=warmup, modes=list(modes), passes=passes)  # fmt: skip
+    worker = run_worker(request, run_timeout=timeout, on_event=on_event)
     return {m: _variant_row(variant, case, worker, m, timeout) for m in modes}
 
 
-def _variant_row(variant: Variant, case: Case, worker, mode: str, timeout: float) -> BenchRow:
-    built = worker.find("built")
-    key = built[0].get("key", "") if built else ""
-    if worker.find("build-failed"):
-        return BenchRow(variant.name, "variant", "BUILD-FAIL", key=key, detail=worker.find("build-failed")[0]["errors"])
+def _variant_row(variant: Variant, case: Case, worker: WorkerOutcome, mode: str, timeout: float) -> BenchRow:
+    key = (worker.built or {}).get("key", "")
+    checked = worker.case_results()[:1]  # the bench shape's check
+    failed = checked[0] if checked and checked[0]["status"] != OK else None
+    verdict = classify(worker, timeout=timeout, answered=failed is not None)  # answered: a failed check is its answer
+    if verdict.status == BUILD_FAIL:
+        return BenchRow(variant.name, "variant", BUILD_FAIL, key=key, detail=verdict.detail)
     # a mode timed (or found untimeable) before a later mode crashed or timed out keeps its result
-    timing = [e for e in worker.find("timing") if _in_mode(e, mode)]
-    if timing:
-        return BenchRow(variant.name, "variant", "OK", _timing(timing[0]), key=key)
-    skipped = [e for e in worker.find("timing-skipped") if _in_mode(e, mode)]
-    if skipped:
+    if timing := worker.timings(mode):
+        return BenchRow(variant.name, "variant", OK, timing_fields(timing[0]), key=key)
+    if skipped := worker.timing_skips(mode):
         return BenchRow(variant.name, "variant", "SKIP", key=key, detail=f"{mode} mode: {skipped[0]['reason']}")
-    if worker.status == "timeout":
-        return BenchRow(variant.name, "variant", "TIMEOUT", key=key, detail=f"killed after {timeout:.0f} s ({worker.phase})")
-    crash = worker.find("crash")
-    if crash or worker.status == "crash":
-        return BenchRow(variant.name, "variant", "CRASH", key=key, detail=crash[0]["error"] if crash else worker.log_tail)
-    checked = worker.find("case")
-    if checked and checked[0]["status"] != "OK":
-        e = checked[0]
-        outcome = CaseOutcome(case, e["status"], e["max_error"], e["tolerance"], e.get("detail", ""), e.get("mismatches", []))
-        return BenchRow(variant.name, "variant", outcome.status, key=key, detail=f"not timed: {outcome.detail} "
-                        f"(max error {outcome.max_error:.3g} > tolerance {outcome.tolerance:.3g})")  # fmt: skip
-    return BenchRow(variant.name, "variant", "CRASH", key=key, detail=worker.log_tail)
+    if verdict.status != OK:  # TIMEOUT, CRASH
+        return BenchRow(variant.name, "variant", verdict.status, key=key, detail=verdict.detail)
+    e = failed  # the check failed: the row says how, never timed
+    outcome = CaseOutcome(case, e["status"], e["max_error"], e["tolerance"], e.get("detail", ""), e.get("mismatches", []))
+    return BenchRow(variant.name, "variant", outcome.status, key=key, detail=f"not timed: {outcome.detail} "
+                    f"(max error {outcome.max_error:.3g} > tolerance {outcome.tolerance:.3g})")  # fmt: skip
 
 
 def finish(run: BenchRun) -> None:
     run.clocks_after = clocks()
-
-
-def _timing(event: dict) -> dict:
-    return {k: event[k] for k in TIMING_KEYS if k in event}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from flashcore_cli.measure.series import series
+
 
 def plot_sweep(record: dict, path: str | Path) -> Path:
     import matplotlib
@@ -16,8 +18,6 @@ def plot_sweep(record: dict, path: str | Path) -> Path:
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    from flashcore_cli.measure.sweep import series
 
     env = record.get("environment", {})
     shape = f"B={record['batch']}, H={record['heads']}, D={record['head_dim']}{', causal' if record['causal'] else ''}"

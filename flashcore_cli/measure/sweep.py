@@ -2,7 +2,7 @@
 
 Each point (one sequence length) is what `flashcore bench` does at one shape: the references in one worker,
 each variant in a worker of its own that checks it before timing it (bench.bench_references and
-bench.bench_variant), in the one timing mode of the run (--mode: cold, graph or host; timing.py). The points
+bench.bench_variant), in the one timing mode of the run (--mode: cold, graph or host; modes.py). The points
 are spread over every visible GPU, one lane process per GPU (gpus.py); every row says which GPU measured it,
 and a point whose lane died is a CRASH row saying so. The run leaves a JSON record in the results folder (its
 "mode", the GPUs, lanes and wall time, every sample of every row) and, with --plot, a chart.
@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.measure.modes import DEFAULT_MODE, OLD_RECORD_MODE
+from flashcore_cli.measure.series import series
 
 DEFAULT_SEQ_LENS = "512,1024,2048,4096,8192,16384"
 
@@ -28,7 +30,7 @@ class PointJob:
     reps: int
     warmup: int
     timeout: float
-    mode: str = "cold"
+    mode: str = DEFAULT_MODE
     passes: str = "fwd"  # what a timed call does (bench --pass)
 
 
@@ -92,18 +94,16 @@ def require_matplotlib() -> None:
 
 
 def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch_text,
-              mode_text="cold", dtype_text="fp16", pass_text="fwd") -> int:  # fmt: skip
+              mode_text=DEFAULT_MODE, dtype_text="fp16", pass_text="fwd") -> int:  # fmt: skip
+    """Parse and check the options, plan the points, measure them over the GPUs, then record, show and chart."""
     from flashcore_cli.registry.archs import parse_arch, parse_archs
-    from flashcore_cli.measure.bench import MIN_REPS
-    from flashcore_cli.core.console import console, progress, require_gpu
-    from flashcore_cli.check.correctness import new_seed, write_json
-    from flashcore_cli.measure.gpus import LaneLost, map_on_gpus, visible_gpus
-    from flashcore_cli.core.records import save_record
+    from flashcore_cli.core.console import console, require_gpu
+    from flashcore_cli.check.correctness import new_seed
+    from flashcore_cli.measure.gpus import visible_gpus
     from flashcore_cli.core.records import clocks
-    from flashcore_cli.measure.references import SDPA_DEFAULT
     from flashcore_cli.registry.variants import load_registry
-    from flashcore_cli.registry.shapes import Case, parse_dtype, parse_pass, parse_shape
-    from flashcore_cli.measure.timing import MODE_TITLES, parse_modes
+    from flashcore_cli.registry.shapes import parse_dtype, parse_pass, parse_shape
+    from flashcore_cli.measure.modes import MODES, parse_modes
 
     (mode,) = parse_modes(mode_text, several=False)
     dtype = parse_dtype(dtype_text)
@@ -112,26 +112,75 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
     variants = reg.select(names, True) if not names else reg.select(names, False)
     seq_lens = parse_seq_lens(seq_text or DEFAULT_SEQ_LENS)
     shapes = [parse_shape(f"{batch},{heads},{s},{dim}") for s in seq_lens]
-    if reps < MIN_REPS:
-        raise FlashcoreError(f"--reps {reps}: at least {MIN_REPS} timed calls are needed for a median and p10/p90")
-    if warmup < 1 or timeout <= 0:
-        raise FlashcoreError("--warmup must be at least 1 and --timeout positive (seconds)")
+    check_counts(reps, warmup, timeout)
     if plot:
         require_matplotlib()
     require_gpu("sweep")
     gpus = visible_gpus() or ["0"]
     arch = parse_arch(arch_text) if arch_text else parse_archs(None)[0]
     seed = new_seed()
-    jobs = []
-    for i, shape in enumerate(shapes):
-        case = Case(shape, causal, seed + i, dtype=dtype, grads=passes != "fwd").as_dict()
-        for name in [None, *(v.name for v in variants)]:
-            jobs.append(PointJob(str(reg.path), name, case, arch, reps, warmup, timeout, mode, passes))
+    template = PointJob(str(reg.path), None, {}, arch, reps, warmup, timeout, mode, passes)
+    jobs = plan_points(template, [v.name for v in variants], shapes, causal, seed, dtype)
     console.print(
         f"sweep {batch},{heads},S,{dim}{' causal' if causal else ''} over S = {', '.join(map(str, seq_lens))}: "
         f"{len(variants)} variant(s) + references, {reps} samples per row, on {len(gpus)} GPU(s) ({', '.join(gpus)}); seed {seed}; "
-        f"{MODE_TITLES[mode]}"
+        f"{MODES[mode].title}"
     )
+    results, lane_of, wall_s = measure_points(jobs, gpus)
+    record = {
+        "kind": "flashcore-sweep",
+        "mode": mode,
+        "batch": batch,
+        "heads": heads,
+        "head_dim": dim,
+        "causal": causal,
+        "dtype": dtype,
+        "pass": passes,
+        "seq_lens": seq_lens,
+        "seed": seed,
+        "arch": arch,
+        "gpus": gpus,
+        "lanes": min(len(gpus), len(jobs)),
+        "wall_s": round(wall_s, 3),
+        "environment": next((r["environment"] for r in results if r["environment"]), {}),
+        "clocks_after": clocks(),
+        "rows": sweep_rows(jobs, results, lane_of),
+    }
+    keep_sweep(record, json_path, plot)
+    return 0
+
+
+def check_counts(reps: int, warmup: int, timeout: float) -> None:
+    """--reps, --warmup and --timeout, before anything runs (exit 2)."""
+    from flashcore_cli.measure.bench import MIN_REPS
+
+    if reps < MIN_REPS:
+        raise FlashcoreError(f"--reps {reps}: at least {MIN_REPS} timed calls are needed for a median and p10/p90")
+    if warmup < 1 or timeout <= 0:
+        raise FlashcoreError("--warmup must be at least 1 and --timeout positive (seconds)")
+
+
+def plan_points(template: PointJob, variants: list[str], shapes, causal: bool, seed: int, dtype: str) -> list[PointJob]:
+    """The template's point at every shape, for the references and then each variant; shape i's case has seed + i."""
+    import dataclasses
+
+    from flashcore_cli.registry.shapes import Case
+
+    jobs = []
+    for i, shape in enumerate(shapes):
+        case = Case(shape, causal, seed + i, dtype=dtype, grads=template.passes != "fwd").as_dict()
+        for name in [None, *variants]:
+            jobs.append(dataclasses.replace(template, variant=name, case=case))
+    return jobs
+
+
+def measure_points(jobs: list[PointJob], gpus: list[str]) -> tuple[list[dict], dict[int, str], float]:
+    """Every point on the GPUs' lanes, with a progress bar and one line per point; a point whose lane died is a
+    CRASH row. Returns each point's result, the GPU each ran on (by index) and the wall time."""
+    from flashcore_cli.core.console import progress
+    from flashcore_cli.measure.gpus import LaneLost, map_on_gpus
+    from flashcore_cli.registry.shapes import Case
+
     lane_of: dict[int, str] = {}
     with progress() as bar:
         task = bar.add_task(f"{len(jobs)} points", total=len(jobs))
@@ -149,38 +198,35 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
         results = map_on_gpus(run_point, jobs, gpus, on_done=on_done)
         wall_s = time.monotonic() - started
     results = [lost_point(job, r) if isinstance(r, LaneLost) else r for job, r in zip(jobs, results)]
+    return results, lane_of, wall_s
+
+
+def sweep_rows(jobs: list[PointJob], results: list[dict], lane_of: dict[int, str]) -> list[dict]:
+    """Every point's rows as the record stores them, each with its speedup against SDPA default at its shape and
+    the GPU (lane and model) that measured it."""
+    from flashcore_cli.measure.references import SDPA_DEFAULT
+
     name_of = {lane_of[i]: r["gpu_name"] for i, r in enumerate(results) if r.get("gpu_name")}
-    environment = next((r["environment"] for r in results if r["environment"]), {})
     sdpa_at = {
         job.case["shape"]: next((r.median for r in result["rows"] if r.name == SDPA_DEFAULT and r.median), None)
         for job, result in zip(jobs, results)
         if job.variant is None
     }
-    rows = [
+    return [
         row
         for i, (job, result) in enumerate(zip(jobs, results))
         for row in point_rows(job, result["rows"], sdpa_at.get(job.case["shape"]), lane_of[i], name_of.get(lane_of[i], ""))
     ]
-    record = {
-        "kind": "flashcore-sweep",
-        "mode": mode,
-        "batch": batch,
-        "heads": heads,
-        "head_dim": dim,
-        "causal": causal,
-        "dtype": dtype,
-        "pass": passes,
-        "seq_lens": seq_lens,
-        "seed": seed,
-        "arch": arch,
-        "gpus": gpus,
-        "lanes": min(len(gpus), len(jobs)),
-        "wall_s": round(wall_s, 3),
-        "environment": environment,
-        "clocks_after": clocks(),
-        "rows": rows,
-    }
+
+
+def keep_sweep(record: dict, json_path, plot) -> None:
+    """Show the record's table, save it in the results folder, and write the --json copy and the --plot chart."""
+    from flashcore_cli.check.correctness import write_json
+    from flashcore_cli.core.console import console
+    from flashcore_cli.core.records import save_record
+
     render_sweep(record)
+    batch, heads, dim, causal, dtype = (record[k] for k in ("batch", "heads", "head_dim", "causal", "dtype"))
     saved = save_record(record, "sweep", f"{batch},{heads},S,{dim}{'-causal' if causal else ''}{'' if dtype == 'fp16' else '-' + dtype}")
     console.print(f"record: {saved}")
     if json_path:
@@ -191,15 +237,6 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
 
         plot_sweep(record, plot)
         console.print(f"chart: {plot}")
-    return 0
-
-
-def series(record: dict) -> dict[str, dict[int, dict]]:
-    """name -> seq_len -> row, names in the order they first appear (the references first)."""
-    out: dict[str, dict[int, dict]] = {}
-    for row in record["rows"]:
-        out.setdefault(row["name"], {})[row["seq_len"]] = row
-    return out
 
 
 def render_sweep(record: dict) -> None:
@@ -211,7 +248,7 @@ def render_sweep(record: dict) -> None:
     title = (
         f"sweep {record['batch']},{record['heads']},S,{record['head_dim']}{' causal' if record['causal'] else ''}"
         f"{dtype_label(record.get('dtype', 'fp16'))} "
-        f"on {env.get('gpu', '?')}, {record.get('mode', 'cold')} mode: median us / TFLOP/s"
+        f"on {env.get('gpu', '?')}, {record.get('mode', OLD_RECORD_MODE)} mode: median us / TFLOP/s"
     )
     table = Table(title=title)
     table.add_column("name")

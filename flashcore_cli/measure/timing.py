@@ -1,51 +1,21 @@
-"""Timing one callable on the GPU, in one of three modes: the one core that bench, sweep and tune use.
+"""What every timing mode is made of (the modes themselves, cold, graph and host, are modes.py's), and the
+noise-aware rule `compare` and `tune` judge two timed rows by.
 
-Users run attention three ways, so there are three honest answers to "how long does a call take":
+Samples are per call; their summary (Timing) is the median with p10/p90. A sample of device time is taken from a
+blocking start (gated_us; blocking_start.py); one whose spin gave up (the host did not release it within
+SPIN_TIMEOUT_MS) is discarded and counted, never used, and after MAX_TIMEOUTS of them the call is reported
+untimeable in that mode (collect raises TimingError). L2Flusher writes a buffer twice the device's L2, so the next
+call starts from DRAM.
 
-  cold (the default)  The L2 is flushed before each call (a buffer twice the device's L2 is written), then CUDA
-                      events go around one call: the call starts from DRAM, as one layer's attention does in a
-                      model. The start is blocking (blocking_start.py, as nvbench does it): after the flush a
-                      one-thread kernel spins until the host has queued the start event, the call and the end
-                      event, so the events see only device time, never host dispatch. The spin it replaces was a
-                      fixed 50 us, and a row whose dispatch took longer was charged for an idle GPU (Triton's
-                      launcher costs ~61 us per call: 37.7 us median where its kernel takes 6.7). An empty kernel
-                      measures ~3.5 us here (the launch and the event pair): part of every cold row.
-  graph               N calls captured in a CUDA graph (warmed up on a side stream first, as PyTorch requires)
-                      and replayed: device time per call with a warm L2 and no launch gaps, what serving with
-                      CUDA graphs sees. A sample is one replay, timed by events from a blocking start, divided by
-                      N; N makes a replay at least GRAPH_SAMPLE_US long. A call that cannot be captured (it
-                      synchronizes, or allocates in a way capture forbids) raises TimingError with the reason.
-  host                Back-to-back wall time per call: time.perf_counter around N calls that end with one
-                      torch.cuda.synchronize, divided by N (N makes a batch at least HOST_SAMPLE_US long). Python
-                      dispatch and input validation are included: what an eager PyTorch program sees.
-
-A cold or graph sample whose spin gave up (the host did not release it within SPIN_TIMEOUT_MS) is discarded
-and counted, never used; after MAX_TIMEOUTS of them the call is reported untimeable in that mode.
-Samples are per call; the summary is the median with p10/p90.
+No torch at import, nor statistics (imported where used): the CLI imports modes.py, and so this module, at
+start-up.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from flashcore_cli.core.errors import FlashcoreError
-
-MODES = ("cold", "graph", "host")
-MODE_TITLES = {
-    "cold": "cold mode: L2 flushed, blocking start, events around one call",
-    "graph": "graph mode: CUDA graph replays, warm L2, device time per call",
-    "host": "host mode: back-to-back wall time per call, dispatch included",
-}
-
-# Event timestamps resolve ~0.5 us: a 200 us replay puts that at 0.25% of a sample.
-GRAPH_SAMPLE_US = 200.0
-# A host batch ends with one synchronize (the last call's GPU tail plus the wake-up, ~10-20 us, is charged once
-# per batch): a 2 ms batch keeps that under 1% of the per-call figure.
-HOST_SAMPLE_US = 2000.0
-HOST_PROBE_CALLS = 10
 MAX_CALLS_PER_SAMPLE = 1000
 MAX_TIMEOUTS = 3  # timed-out samples tolerated per row before the call is declared untimeable in the mode
 
@@ -54,27 +24,17 @@ class TimingError(Exception):
     """A call that cannot be timed in the mode asked for (the reason is the message)."""
 
 
-def parse_modes(text: str | None, *, several: bool = True) -> list[str]:
-    """'cold', 'graph', 'host', or (several=True) a comma list of them, in the order given."""
-    tokens = [t.strip().lower() for t in (text or "").split(",")]
-    allowed = f"{', '.join(MODES[:-1])} or {MODES[-1]}"
-    if not tokens or not all(t in MODES for t in tokens) or len(set(tokens)) != len(tokens):
-        hint = f" (or several, comma-separated: {','.join(MODES)})" if several else ""
-        raise FlashcoreError(f"bad --mode '{text}': expected {allowed}{hint}")
-    if not several and len(tokens) > 1:
-        raise FlashcoreError(f"--mode '{text}': this command times one mode at a time ({allowed})")
-    return tokens
-
-
 @dataclass
 class Timing:
-    samples_us: list[float] = field(default_factory=list)
-    mode: str = "cold"
+    samples_us: list[float]
+    mode: str  # the name of its TimingMode (modes.py)
     calls_per_sample: int = 1
-    timed_out_samples: int = 0  # cold/graph: samples discarded because their blocking start gave up
+    timed_out_samples: int = 0  # samples discarded because their blocking start gave up
 
     @property
     def median(self) -> float:
+        import statistics
+
         return statistics.median(self.samples_us)
 
     def percentile(self, q: float) -> float:
@@ -156,89 +116,6 @@ def gated_us(gate, queue) -> float | None:
     if gate.timed_out():
         return None
     return start.elapsed_time(end) * 1000.0
-
-
-def time_cold(fn, *, reps: int, warmup: int, flusher: L2Flusher, gate) -> Timing:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    gated_us(gate, fn)  # the gate's own first launch (module load) outside the samples
-
-    def sample():
-        flusher.flush()
-        return gated_us(gate, fn)
-
-    samples, discarded = collect(sample, reps)
-    return Timing(samples, "cold", 1, discarded)
-
-
-def time_graph(fn, *, reps: int, warmup: int, gate) -> Timing:
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    # one call's device time with a warm L2 (eager, so a little over the graph's) sizes the graph
-    eager = [us for us in (gated_us(gate, fn) for _ in range(5)) if us is not None]
-    calls = calls_per_sample(statistics.median(eager) if eager else 0.0, GRAPH_SAMPLE_US)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise TimingError(f"cannot be captured in a CUDA graph ({type(exc).__name__}: {first})") from None
-    try:
-        graph.replay()
-        torch.cuda.synchronize()
-        samples, discarded = collect(lambda: per_call(gated_us(gate, graph.replay), calls), reps)
-    finally:
-        graph.reset()
-    return Timing(samples, "graph", calls, discarded)
-
-
-def time_host(fn, *, reps: int, warmup: int, sync=None, clock=time.perf_counter) -> Timing:
-    if sync is None:
-        import torch
-
-        sync = torch.cuda.synchronize
-    for _ in range(warmup):
-        fn()
-    sync()
-
-    def batch(calls: int) -> float:
-        start = clock()
-        for _ in range(calls):
-            fn()
-        sync()
-        return (clock() - start) * 1e6 / calls
-
-    calls = calls_per_sample(batch(HOST_PROBE_CALLS), HOST_SAMPLE_US)
-    return Timing([batch(calls) for _ in range(reps)], "host", calls)
-
-
-def time_callable(fn, *, mode: str = "cold", reps: int = 200, warmup: int = 20, flusher: L2Flusher | None = None,
-                  gate=None) -> Timing:  # fmt: skip
-    """Time fn() in one mode. fn is called warmup times first; a Timing of reps samples comes back. Raises
-    TimingError when fn cannot be timed in the mode (report it as the row's reason, not a crash)."""
-    if mode not in MODES:
-        raise ValueError(f"unknown timing mode {mode!r}; expected one of {MODES}")
-    if mode == "host":
-        return time_host(fn, reps=reps, warmup=warmup)
-    if gate is None:
-        from flashcore_cli.measure.blocking_start import shared
-
-        gate = shared()
-    if mode == "graph":
-        return time_graph(fn, reps=reps, warmup=warmup, gate=gate)
-    return time_cold(fn, reps=reps, warmup=warmup, flusher=flusher or L2Flusher(), gate=gate)
 
 
 # ---- the noise-aware rule `compare` and `tune` judge two timed rows by ----

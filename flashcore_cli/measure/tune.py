@@ -7,7 +7,7 @@
        kernels spill registers or cannot fit one CTA on an SM is skipped before any GPU time is spent;
     4. trials, spread over every visible GPU (gpus.py): each builds the combination (ignoring any stored
        winner), checks it on the tune shape and two awkward ones, and times it only if every check passed,
-       in the run's one timing mode (--mode cold, graph or host: timing.py; the record carries it);
+       in the run's one timing mode (--mode cold, graph or host: modes.py; the record carries it);
     5. the ranking, and the winner stored per GPU model (tuned.py): every later build of the variant on that
        GPU, so `flashcore build/test/bench`, uses it.
 """
@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 from flashcore_cli.registry.constraints import compile_constraint
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.protocol import OK, WorkRequest, Wording, classify, timing_fields
+from flashcore_cli.measure.modes import DEFAULT_MODE
 from flashcore_cli.registry.variants import TuneSpace, Variant
 
 CHECK_SEQ_LENS = (17, 97)  # beside the tune shape: a short and a ragged sequence, at the same head dim
@@ -133,48 +135,32 @@ class TrialJob:
     reps: int
     warmup: int
     timeout: float
-    mode: str = "cold"
+    mode: str = DEFAULT_MODE
+
+
+# a trial that ended without its answer says how the worker ended
+TRIAL_WORDS = Wording(died="worker {status}, exit {returncode}\n{log_tail}")
 
 
 def run_trial(job: TrialJob) -> dict:
     from flashcore_cli.core.isolate import run_worker
 
-    spec = {
-        "task": "trial",
-        "registry": job.registry,
-        "variant": job.variant,
-        "arch": job.arch,
-        "defines": dict(job.defines),
-        "ignore_tuned": True,
-        "cases": list(job.cases),
-        "case": job.case,
-        "reps": job.reps,
-        "warmup": job.warmup,
-        "modes": [job.mode],
-    }
-    worker = run_worker(spec, run_timeout=job.timeout)
-    built = worker.find("built")
-    device = worker.find("device")
-    env = (worker.find("environment") or [{}])[0]
-    result = {"key": built[0].get("key", "") if built else "", "gpu": device[0]["gpu"] if device else "", "timing": {}, "detail": "",
-              "environment": {k: v for k, v in env.items() if k != "event"}}  # fmt: skip
-    if failed := worker.find("build-failed"):
-        return {**result, "status": "BUILD-FAIL", "detail": failed[0]["errors"]}
-    if worker.status == "timeout":
-        return {**result, "status": "TIMEOUT", "detail": f"killed after {job.timeout:.0f} s ({worker.phase})"}
-    if crash := worker.find("crash"):
-        return {**result, "status": "CRASH", "detail": crash[0]["error"]}
-    bad = [e for e in worker.find("case") if e["status"] != "OK"]
+    request = WorkRequest("trial", job.registry, job.variant, job.arch, defines=dict(job.defines), ignore_tuned=True,
+                          cases=list(job.cases), case=job.case, reps=job.reps, warmup=job.warmup, modes=[job.mode])  # fmt: skip
+    worker = run_worker(request, run_timeout=job.timeout)
+    result = {"key": (worker.built or {}).get("key", ""), "gpu": worker.device, "timing": {}, "detail": "",
+              "environment": worker.environment}  # fmt: skip
+    bad = [e for e in worker.case_results() if e["status"] != OK]
+    timing, skipped = worker.timings(job.mode), worker.timing_skips(job.mode)
+    verdict = classify(worker, timeout=job.timeout, answered=bool(bad or timing or skipped), wording=TRIAL_WORDS)
+    if verdict.status != OK:
+        return {**result, "status": verdict.status, "detail": verdict.detail}
     if bad:
         e = bad[0]
         return {**result, "status": e["status"], "detail": f"{e['case']['shape']}{' causal' if e['case']['causal'] else ''}: {e['detail']}"}
-    timing = [e for e in worker.find("timing") if e.get("mode", job.mode) == job.mode]
     if not timing:
-        if skipped := worker.find("timing-skipped"):
-            return {**result, "status": "SKIP", "detail": f"{job.mode} mode: {skipped[0]['reason']}"}
-        return {**result, "status": "CRASH", "detail": f"worker {worker.status}, exit {worker.returncode}\n{worker.log_tail}"}
-    keep = ("median_us", "p10_us", "p90_us", "calls_per_sample", "timed_out_samples", "samples_us")
-    return {**result, "status": "OK", "timing": {k: timing[0][k] for k in keep if k in timing[0]}}
+        return {**result, "status": "SKIP", "detail": f"{job.mode} mode: {skipped[0]['reason']}"}
+    return {**result, "status": OK, "timing": timing_fields(timing[0])}
 
 
 def check_cases(variant: Variant, shape, seed: int) -> list:
@@ -191,7 +177,7 @@ def ranked(candidates: list[Candidate]) -> list[Candidate]:
     return timed + [c for c in candidates if not c.median]
 
 
-def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup, timeout, arch_text, dry_run, mode_text="cold") -> int:
+def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup, timeout, arch_text, dry_run, mode_text=DEFAULT_MODE) -> int:
     from flashcore_cli.registry.archs import parse_arch, parse_archs
     from flashcore_cli.measure.bench import MIN_REPS
     from flashcore_cli.core.console import console, progress, require_gpu
@@ -200,7 +186,7 @@ def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup
     from flashcore_cli.registry.variants import load_registry
     from flashcore_cli.registry.shapes import MISSION_SHAPE, Case, parse_shape
     from flashcore_cli.core.records import clocks
-    from flashcore_cli.measure.timing import parse_modes
+    from flashcore_cli.measure.modes import parse_modes
     from flashcore_cli.builder.tuned import store_tuned
 
     (mode,) = parse_modes(mode_text, several=False)
@@ -284,12 +270,12 @@ def run_trials(template: TrialJob, runnable: list[Candidate]) -> tuple[list[dict
     from flashcore_cli.core.console import console, progress
     from flashcore_cli.measure.gpus import LaneLost, map_on_gpus, visible_gpus
     from flashcore_cli.registry.shapes import Case
-    from flashcore_cli.measure.timing import MODE_TITLES
+    from flashcore_cli.measure.modes import MODES
 
     jobs = [dataclasses.replace(template, defines=tuple((k, str(v)) for k, v in c.defines.items())) for c in runnable]
     gpus = visible_gpus() or ["0"]
     console.print(f"trials: check {len(template.cases)} case(s), then time {Case.from_dict(template.case).label()} "
-                  f"({template.reps} samples, {MODE_TITLES[template.mode]}); {len(gpus)} GPU(s); seed {template.case['seed']}")  # fmt: skip
+                  f"({template.reps} samples, {MODES[template.mode].title}); {len(gpus)} GPU(s); seed {template.case['seed']}")  # fmt: skip
     with progress() as bar:
         task = bar.add_task(f"{len(jobs)} trial(s)", total=len(jobs))
 
@@ -317,7 +303,7 @@ def best_per_gpu(candidates: list[Candidate]) -> dict[str, Candidate]:
     return best
 
 
-def render_ranking(candidates: list[Candidate], variant: str, case_label: str, saved, mode: str = "cold") -> None:
+def render_ranking(candidates: list[Candidate], variant: str, case_label: str, saved, mode: str = DEFAULT_MODE) -> None:
     from rich.markup import escape
     from rich.table import Table
 

@@ -30,9 +30,10 @@ import math
 from pathlib import Path
 
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.measure.modes import OLD_RECORD_MODE
 from flashcore_cli.measure.timing import DEFAULT_THRESHOLD, Verdict, timing_verdict
 
-DEFAULT_MODE = "cold"  # records written before bench had modes were all cold-L2 timings
+DEFAULT_MODE = OLD_RECORD_MODE  # records written before bench had modes were all cold-L2 timings
 DEFAULT_DTYPE = "fp16"  # records written before bf16 were fp16
 DEFAULT_PASS = "fwd"  # records written before bench --pass timed the forward
 TIMING_KEYS = ("median_us", "p10_us", "p90_us")

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flashcore_cli.core.errors import EXIT_CHECK_FAILED, FlashcoreError
+from flashcore_cli.measure.modes import DEFAULT_MODE
 
 RESULTS_KIND = "flashcore-results"
 BENCH_KIND = "flashcore-bench"
-DEFAULT_MODE = "cold"
 DEFAULT_DTYPE = "fp16"
 DTYPES = ("fp16", "bf16")
 DEFAULT_PASS = "fwd"
