@@ -59,7 +59,7 @@ def handle_errors(fn):
             raise
         except Exception as exc:
             from flashcore_cli.core.console import err_console
-            from flashcore_cli.core.errors import write_crash_log
+            from flashcore_cli.core.records import write_crash_log
 
             log = write_crash_log(exc)
             message = (str(exc).strip().splitlines() or [""])[0][:300]

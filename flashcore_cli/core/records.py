@@ -7,7 +7,8 @@ without one is from before the modes, and was timed cold. A bench of several mod
 
 The folders flashcore writes (the cache, the results) and the files a user names (--json, --out) are checked
 before any work: one FlashcoreError (exit 2) naming the path and why it is unusable, never a failed compile
-row or a traceback after a long run."""
+row or a traceback after a long run. The traceback of an unexpected error goes to a crash log in the cache
+(write_crash_log: cli.py prints one line naming it)."""
 
 from __future__ import annotations
 
@@ -129,6 +130,30 @@ def write_output(text: str, content: str, option: str) -> Path:
     except OSError as exc:
         raise FlashcoreError(f"{option} {text}: cannot write it ({exc.strerror or exc})") from None
     return path
+
+
+def write_crash_log(exc: BaseException) -> str:
+    """The full traceback of an unexpected exception, written to <cache>/logs/crash-<time>-<pid>.log (or the
+    temp folder when the cache is not writable); returns where, so the one line the user reads can say."""
+    import sys
+    import traceback
+
+    text = f"command: {' '.join(sys.argv)}\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    name = f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    try:
+        folders = [cache_root() / "logs"]
+    except Exception:  # a broken $HOME is no reason to lose the traceback
+        folders = []
+    for folder in [*folders, tempfile.gettempdir()]:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, name)
+            with open(path, "w") as f:
+                f.write(text)
+            return path
+        except OSError:
+            continue
+    return "(no writable folder for the log)"
 
 
 # ---- the environment a record carries ----
