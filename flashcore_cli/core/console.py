@@ -27,7 +27,7 @@ STATUS_STYLE = {
 
 def require_gpu(command: str) -> None:
     """Refuses a command that runs kernels where no GPU is visible; asks no torch (each worker imports it)."""
-    from flashcore_cli.builder.toolchain import gpu_visible
+    from flashcore_cli.core.records import gpu_visible
 
     if not gpu_visible():
         raise FlashcoreError(
