@@ -358,35 +358,52 @@ def _arch_feature_guard(variant: Variant) -> tuple[str, str, str | None] | None:
 
 def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | None = None) -> VariantReport:
     """ptxas -v and flashcore_plan for one variant on one arch, or the arch-specific target it lists for that
-    arch (cached by content key)."""
-    import time
-
+    arch (cached by content key), its declarations checked against the registry's (check_declared)."""
     arch = variant.build_target(arch)
-    cache = usable_cache()
-    key = cache_key(variant, arch, for_build=False, extra_defines=extra_defines)
-    cached = cache / "ptxas" / f"{variant.name}-{arch}-{key}.json"
-    if cached.is_file():
-        data = json.loads(cached.read_text())
-        report = VariantReport(variant.name, arch, compile_seconds=data["compile_seconds"])
-        report.kernels = [KernelResources(**{k: v for k, v in kd.items() if k != "spills"}) for kd in data["kernels"]]
-        if data.get("declared"):
-            raw = data["declared"]
-            report.declared = Declared(tuple(raw["head_dims"]), raw["dtypes"], raw["features"], raw["max_seq_len"],
-                                       [tuple(p) for p in raw["plans"]], [tuple(t) for t in raw["too_many_plans"]])  # fmt: skip
-        check_declared(variant, report)
-        report.warnings = empty_body_warnings(variant, arch, [k for k in report.kernels if _trivial_resources(k)], "ptxas",
-                                              len(report.kernels))  # fmt: skip
+    cached = probe_file(variant, arch, extra_defines)
+    report = read_probe(cached, variant.name, arch) if cached.is_file() else run_probe(variant, arch, cached, extra_defines)
+    if report.error:
         return report
+    check_declared(variant, report)
+    report.warnings = empty_body_warnings(variant, arch, [k for k in report.kernels if _trivial_resources(k)], "ptxas",
+                                          len(report.kernels))  # fmt: skip
+    return report
+
+
+def probe_file(variant: Variant, target: str, extra_defines: dict[str, str] | None = None) -> Path:
+    """Where the probe of `variant` compiled for `target` is cached: <cache>/ptxas/, by content key (the
+    sources, flags, defines, target and nvcc; not the registry's declarations, which every use checks)."""
+    cache = usable_cache()
+    key = cache_key(variant, target, for_build=False, extra_defines=extra_defines)
+    return cache / "ptxas" / f"{variant.name}-{target}-{key}.json"
+
+
+def read_probe(cached: Path, name: str, target: str) -> VariantReport:
+    """A cached probe's report, its declarations not checked yet."""
+    data = json.loads(cached.read_text())
+    report = VariantReport(name, target, compile_seconds=data["compile_seconds"])
+    report.kernels = [KernelResources(**{k: v for k, v in kd.items() if k != "spills"}) for kd in data["kernels"]]
+    if data.get("declared"):
+        raw = data["declared"]
+        report.declared = Declared(tuple(raw["head_dims"]), raw["dtypes"], raw["features"], raw["max_seq_len"],
+                                   [tuple(p) for p in raw["plans"]], [tuple(t) for t in raw["too_many_plans"]])  # fmt: skip
+    return report
+
+
+def run_probe(variant: Variant, target: str, cached: Path, extra_defines: dict[str, str] | None = None) -> VariantReport:
+    """Compile the probe for `target` and run it; a probe that compiled and ran is written to `cached`. Its
+    declarations are not checked here (a report with an error has none)."""
+    import time
 
     nvcc = find_nvcc()
     defines = {**variant.defines, **(extra_defines or {})}
-    report = VariantReport(variant.name, arch)
+    report = VariantReport(variant.name, target)
     with tempfile.TemporaryDirectory(prefix="flashcore-ptxas-") as tmp:
         main = Path(tmp) / "probe_main.cu"
         main.write_text(PROBE_MAIN)
         exe = Path(tmp) / "probe"
         cmd = [
-            nvcc, *BASE_NVCC_FLAGS, gencode(arch), "-Xptxas=-v", *variant.flags, *define_flags(defines),
+            nvcc, *BASE_NVCC_FLAGS, gencode(target), "-Xptxas=-v", *variant.flags, *define_flags(defines),
             f"-I{variant.kernels_dir}", "-o", str(exe), *map(str, variant.sources), str(main),
         ]  # fmt: skip
         start = time.perf_counter()
@@ -401,9 +418,6 @@ def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | N
             report.error = f"the probe (flashcore_plan) failed: {run.stderr.strip() or run.returncode}"
             return report
     report.declared = parse_probe(run.stdout)
-    check_declared(variant, report)
-    report.warnings = empty_body_warnings(variant, arch, [k for k in report.kernels if _trivial_resources(k)], "ptxas",
-                                          len(report.kernels))  # fmt: skip
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp_file = cached.with_suffix(f".{id(report)}.tmp")
     tmp_file.write_text(json.dumps(report.as_dict()))
