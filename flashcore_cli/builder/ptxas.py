@@ -5,7 +5,8 @@ ptxas reports every __global__ kernel; running the program — host code only, n
 the launcher asks for at each head dim (threads, dynamic shared memory) through flashcore_plan. The two
 joined give the CTAs per SM each kernel allows on the arch. The probe also prints what the kernel declares
 it supports (the head dims it plans for, flashcore_dtypes, flashcore_features): check_declared refuses a
-registry entry that says otherwise, and a plan entry that names no kernel ptxas compiled.
+registry entry that says otherwise, and a plan entry that names no kernel ptxas compiled. `flashcore list` runs
+the same probe, from the same cache, for the default arch (DeclarationProbes), and refuses the same entries.
 
 A variant that lists its archs (archs: [sm_90a]) is compiled for the target it lists for an asked arch
 (sm_90 -> sm_90a), and reported as not built for an arch it does not run on.
@@ -423,6 +424,91 @@ def run_probe(variant: Variant, target: str, cached: Path, extra_defines: dict[s
     tmp_file.write_text(json.dumps(report.as_dict()))
     tmp_file.replace(cached)
     return report
+
+
+class DeclarationProbes:
+    """`flashcore list`'s check of every variant's declarations (head dims, dtypes, features, ...) against its
+    kernel's, through the probe `flashcore ptxas` runs and its cache, for one arch: each variant is probed for
+    the target it builds for there, or, where it does not run on that arch, for the first target it lists
+    (nvcc compiles for any target without a GPU). Made, it has answered from the cache; compile() probes the
+    rest (`todo`) in parallel; then disagreement() and unchecked_note() say what was found."""
+
+    def __init__(self, variants: list[Variant], arch: str):
+        self.variants = list(variants)
+        self.arch = arch
+        self.reports: dict[str, VariantReport] = {}
+        self.unchecked: dict[str, str] = {}  # variant -> why its kernel's declarations could not be read
+        self.todo: list[tuple[Variant, str, Path]] = []  # (variant, target, cache file) to compile
+        for v in self.variants:
+            target = v.target_arch(arch) or v.archs[0]
+            try:
+                cached = probe_file(v, target)
+                if cached.is_file():
+                    self._take(v, read_probe(cached, v.name, target))
+                else:
+                    self.todo.append((v, target, cached))
+            except Exception as exc:  # nvcc missing, an unusable cache, an unreadable cache file
+                self.unchecked[v.name] = _why(exc)
+
+    def compile(self, on_done=None) -> None:
+        """Probe every variant of `todo` in parallel (Ctrl-C: the compilers killed, exit 130)."""
+        import os
+
+        jobs, self.todo = self.todo, []
+        if not jobs:
+            return
+        with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool, stop_on_interrupt(pool):
+            futures = {pool.submit(run_probe, v, target, cached): v for v, target, cached in jobs}
+            for fut in as_completed(futures):
+                v = futures[fut]
+                try:
+                    self._take(v, fut.result())
+                except Exception as exc:  # a tool that could not run at all
+                    self.unchecked[v.name] = _why(exc)
+                if on_done:
+                    on_done()
+
+    def _take(self, v: Variant, report: VariantReport) -> None:
+        if report.error:
+            self.unchecked[v.name] = f"its probe did not compile or run (`flashcore ptxas {v.name} --arch {report.arch}` shows why)"
+        else:
+            self.reports[v.name] = report
+
+    def disagreement(self) -> FlashcoreError | None:
+        """check_declared's error for the first variant, in registry order, whose entry and kernel disagree
+        (naming the others that do too), or None."""
+        found: list[tuple[str, FlashcoreError]] = []
+        for v in self.variants:
+            if v.name in self.reports:
+                try:
+                    check_declared(v, self.reports[v.name])
+                except FlashcoreError as exc:
+                    found.append((v.name, exc))
+        if not found:
+            return None
+        first = str(found[0][1])
+        others = [name for name, _ in found[1:]]
+        if others:
+            first += f" ({', '.join(others)} {'disagrees with its kernel' if len(others) == 1 else 'disagree with their kernels'} too)"
+        return FlashcoreError(first)
+
+    def unchecked_note(self) -> str | None:
+        """One line: which variants' declarations were not checked, and why; None when every one was."""
+        if not self.unchecked:
+            return None
+        by_reason: dict[str, list[str]] = {}
+        for v in self.variants:
+            if v.name in self.unchecked:
+                by_reason.setdefault(self.unchecked[v.name], []).append(v.name)
+        if len(by_reason) == 1 and len(self.unchecked) == len(self.variants) > 1:
+            return f"declarations not checked against the kernels: {next(iter(by_reason))}"
+        return "declarations not checked against the kernels " + "; ".join(f"of {', '.join(names)}: {why}" for why, names in by_reason.items())
+
+
+def _why(exc: Exception) -> str:
+    """An exception as the one-line reason of a note."""
+    text = " ".join(str(exc).split())
+    return text if isinstance(exc, FlashcoreError) else f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 # nvcc: "file(12): error: ..."; then the source line and a caret under it. gcc / clang: "file:12:5: error: ...",

@@ -40,14 +40,15 @@ def styled(status: str) -> str:
     return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
 
 
-def progress() -> Progress:
+def progress(on: Console | None = None) -> Progress:
+    """A transient progress bar on `on` (default: stdout's console; err_console keeps stdout for the result)."""
     return Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=console,
+        console=on or console,
         transient=True,
     )
 
