@@ -60,7 +60,7 @@ def handle_errors(fn):
             raise
         except Exception as exc:
             from flashcore_cli.core.console import err_console
-            from flashcore_cli.core.errors import write_crash_log
+            from flashcore_cli.core.records import write_crash_log
 
             log = write_crash_log(exc)
             message = (str(exc).strip().splitlines() or [""])[0][:300]
@@ -155,11 +155,17 @@ def _global(
 
 @app.command("list")
 @handle_errors
-def list_(ctx: typer.Context) -> int:
-    """Print the registry: every variant, its head dims, causal support and idea."""
+def list_(
+    ctx: typer.Context,
+    *,
+    no_check: Annotated[bool, typer.Option("--no-check", help="do not check the registry's head dims, dtypes and features "
+                                           "against what each kernel declares (that check compiles a probe with nvcc, cached)")] = False,
+) -> int:
+    """Print the registry: every variant, its head dims, causal support and idea; exit 2 where an entry and its
+    kernel disagree."""
     from flashcore_cli.commands import cmd_list
 
-    return cmd_list(ctx.obj["registry"])
+    return cmd_list(ctx.obj["registry"], check=not no_check)
 
 
 @app.command()

@@ -25,8 +25,26 @@ from flashcore_cli.core.console import (
 )
 
 
-def cmd_list(registry_path) -> int:
+def cmd_list(registry_path, check: bool = True) -> int:
+    """The registry as a table. With check, first each variant's head dims, dtypes and features are checked
+    against what its kernel declares, through the ptxas probe for the default arch (cached probes answer at
+    once, the rest compile in parallel, a progress line on stderr): a disagreement is one error line (exit 2);
+    a kernel that cannot be probed here (no nvcc, a failed compile) leaves one note under the table."""
+    from flashcore_cli.builder.ptxas import DeclarationProbes
+    from flashcore_cli.registry.archs import default_arch
+
     reg = load_registry(registry_path)
+    unchecked = None
+    if check:
+        probes = DeclarationProbes(reg.variants, default_arch())
+        if probes.todo:
+            with progress(err_console) as bar:
+                task = bar.add_task(f"checking declarations: probing {len(probes.todo)} kernel(s) with nvcc", total=len(probes.todo))
+                probes.compile(on_done=lambda: bar.advance(task))
+        problem = probes.disagreement()
+        if problem:
+            raise problem
+        unchecked = probes.unchecked_note()
     show_archs = any(v.archs for v in reg.variants)  # a column only when some variant runs on some GPUs only
     table = Table(title=f"flashcore variants ({reg.path})")
     for col in ("name", "aliases", "head dims", "causal", "dtypes", "features", *(["archs"] if show_archs else []), "sources",
@@ -45,6 +63,8 @@ def cmd_list(registry_path) -> int:
             v.summary,
         )
     console.print(table)
+    if unchecked:
+        err_console.print(f"[yellow]note:[/] {escape(unchecked)}", highlight=False, soft_wrap=True)
     return 0
 
 

@@ -89,7 +89,9 @@ def test_list_shows_the_archs_column_only_when_a_variant_restricts_them(table_ro
     assert result.exit_code == 0, result.output
     assert "archs" in table_rows[0] and "sm_90a" in cells(table_rows)
     table_rows.clear()
-    result = runner.invoke(app, ["--registry", str(FIXTURES / "registries" / "good.yaml"), "list"])
+    # --no-check: good.yaml is a fixture of the registry's syntax; its alpha declares head dim 128, which fault.cu
+    # does not plan (`list` checks that; tests/test_declared.py)
+    result = runner.invoke(app, ["--registry", str(FIXTURES / "registries" / "good.yaml"), "list", "--no-check"])
     assert result.exit_code == 0 and table_rows and not any("archs" in row for row in table_rows)
 
 

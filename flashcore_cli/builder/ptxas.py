@@ -5,7 +5,8 @@ ptxas reports every __global__ kernel; running the program — host code only, n
 the launcher asks for at each head dim (threads, dynamic shared memory) through flashcore_plan. The two
 joined give the CTAs per SM each kernel allows on the arch. The probe also prints what the kernel declares
 it supports (the head dims it plans for, flashcore_dtypes, flashcore_features): check_declared refuses a
-registry entry that says otherwise, and a plan entry that names no kernel ptxas compiled.
+registry entry that says otherwise, and a plan entry that names no kernel ptxas compiled. `flashcore list` runs
+the same probe, from the same cache, for the default arch (DeclarationProbes), and refuses the same entries.
 
 A variant that lists its archs (archs: [sm_90a]) is compiled for the target it lists for an asked arch
 (sm_90 -> sm_90a), and reported as not built for an arch it does not run on.
@@ -358,35 +359,52 @@ def _arch_feature_guard(variant: Variant) -> tuple[str, str, str | None] | None:
 
 def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | None = None) -> VariantReport:
     """ptxas -v and flashcore_plan for one variant on one arch, or the arch-specific target it lists for that
-    arch (cached by content key)."""
-    import time
-
+    arch (cached by content key), its declarations checked against the registry's (check_declared)."""
     arch = variant.build_target(arch)
-    cache = usable_cache()
-    key = cache_key(variant, arch, for_build=False, extra_defines=extra_defines)
-    cached = cache / "ptxas" / f"{variant.name}-{arch}-{key}.json"
-    if cached.is_file():
-        data = json.loads(cached.read_text())
-        report = VariantReport(variant.name, arch, compile_seconds=data["compile_seconds"])
-        report.kernels = [KernelResources(**{k: v for k, v in kd.items() if k != "spills"}) for kd in data["kernels"]]
-        if data.get("declared"):
-            raw = data["declared"]
-            report.declared = Declared(tuple(raw["head_dims"]), raw["dtypes"], raw["features"], raw["max_seq_len"],
-                                       [tuple(p) for p in raw["plans"]], [tuple(t) for t in raw["too_many_plans"]])  # fmt: skip
-        check_declared(variant, report)
-        report.warnings = empty_body_warnings(variant, arch, [k for k in report.kernels if _trivial_resources(k)], "ptxas",
-                                              len(report.kernels))  # fmt: skip
+    cached = probe_file(variant, arch, extra_defines)
+    report = read_probe(cached, variant.name, arch) if cached.is_file() else run_probe(variant, arch, cached, extra_defines)
+    if report.error:
         return report
+    check_declared(variant, report)
+    report.warnings = empty_body_warnings(variant, arch, [k for k in report.kernels if _trivial_resources(k)], "ptxas",
+                                          len(report.kernels))  # fmt: skip
+    return report
+
+
+def probe_file(variant: Variant, target: str, extra_defines: dict[str, str] | None = None) -> Path:
+    """Where the probe of `variant` compiled for `target` is cached: <cache>/ptxas/, by content key (the
+    sources, flags, defines, target and nvcc; not the registry's declarations, which every use checks)."""
+    cache = usable_cache()
+    key = cache_key(variant, target, for_build=False, extra_defines=extra_defines)
+    return cache / "ptxas" / f"{variant.name}-{target}-{key}.json"
+
+
+def read_probe(cached: Path, name: str, target: str) -> VariantReport:
+    """A cached probe's report, its declarations not checked yet."""
+    data = json.loads(cached.read_text())
+    report = VariantReport(name, target, compile_seconds=data["compile_seconds"])
+    report.kernels = [KernelResources(**{k: v for k, v in kd.items() if k != "spills"}) for kd in data["kernels"]]
+    if data.get("declared"):
+        raw = data["declared"]
+        report.declared = Declared(tuple(raw["head_dims"]), raw["dtypes"], raw["features"], raw["max_seq_len"],
+                                   [tuple(p) for p in raw["plans"]], [tuple(t) for t in raw["too_many_plans"]])  # fmt: skip
+    return report
+
+
+def run_probe(variant: Variant, target: str, cached: Path, extra_defines: dict[str, str] | None = None) -> VariantReport:
+    """Compile the probe for `target` and run it; a probe that compiled and ran is written to `cached`. Its
+    declarations are not checked here (a report with an error has none)."""
+    import time
 
     nvcc = find_nvcc()
     defines = {**variant.defines, **(extra_defines or {})}
-    report = VariantReport(variant.name, arch)
+    report = VariantReport(variant.name, target)
     with tempfile.TemporaryDirectory(prefix="flashcore-ptxas-") as tmp:
         main = Path(tmp) / "probe_main.cu"
         main.write_text(PROBE_MAIN)
         exe = Path(tmp) / "probe"
         cmd = [
-            nvcc, *BASE_NVCC_FLAGS, gencode(arch), "-Xptxas=-v", *variant.flags, *define_flags(defines),
+            nvcc, *BASE_NVCC_FLAGS, gencode(target), "-Xptxas=-v", *variant.flags, *define_flags(defines),
             f"-I{variant.kernels_dir}", "-o", str(exe), *map(str, variant.sources), str(main),
         ]  # fmt: skip
         start = time.perf_counter()
@@ -401,14 +419,96 @@ def compile_probe(variant: Variant, arch: str, extra_defines: dict[str, str] | N
             report.error = f"the probe (flashcore_plan) failed: {run.stderr.strip() or run.returncode}"
             return report
     report.declared = parse_probe(run.stdout)
-    check_declared(variant, report)
-    report.warnings = empty_body_warnings(variant, arch, [k for k in report.kernels if _trivial_resources(k)], "ptxas",
-                                          len(report.kernels))  # fmt: skip
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp_file = cached.with_suffix(f".{id(report)}.tmp")
     tmp_file.write_text(json.dumps(report.as_dict()))
     tmp_file.replace(cached)
     return report
+
+
+class DeclarationProbes:
+    """`flashcore list`'s check of every variant's declarations (head dims, dtypes, features, ...) against its
+    kernel's, through the probe `flashcore ptxas` runs and its cache, for one arch: each variant is probed for
+    the target it builds for there, or, where it does not run on that arch, for the first target it lists
+    (nvcc compiles for any target without a GPU). Made, it has answered from the cache; compile() probes the
+    rest (`todo`) in parallel; then disagreement() and unchecked_note() say what was found."""
+
+    def __init__(self, variants: list[Variant], arch: str):
+        self.variants = list(variants)
+        self.arch = arch
+        self.reports: dict[str, VariantReport] = {}
+        self.unchecked: dict[str, str] = {}  # variant -> why its kernel's declarations could not be read
+        self.todo: list[tuple[Variant, str, Path]] = []  # (variant, target, cache file) to compile
+        for v in self.variants:
+            target = v.target_arch(arch) or v.archs[0]
+            try:
+                cached = probe_file(v, target)
+                if cached.is_file():
+                    self._take(v, read_probe(cached, v.name, target))
+                else:
+                    self.todo.append((v, target, cached))
+            except Exception as exc:  # nvcc missing, an unusable cache, an unreadable cache file
+                self.unchecked[v.name] = _why(exc)
+
+    def compile(self, on_done=None) -> None:
+        """Probe every variant of `todo` in parallel (Ctrl-C: the compilers killed, exit 130)."""
+        import os
+
+        jobs, self.todo = self.todo, []
+        if not jobs:
+            return
+        with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool, stop_on_interrupt(pool):
+            futures = {pool.submit(run_probe, v, target, cached): v for v, target, cached in jobs}
+            for fut in as_completed(futures):
+                v = futures[fut]
+                try:
+                    self._take(v, fut.result())
+                except Exception as exc:  # a tool that could not run at all
+                    self.unchecked[v.name] = _why(exc)
+                if on_done:
+                    on_done()
+
+    def _take(self, v: Variant, report: VariantReport) -> None:
+        if report.error:
+            self.unchecked[v.name] = f"its probe did not compile or run (`flashcore ptxas {v.name} --arch {report.arch}` shows why)"
+        else:
+            self.reports[v.name] = report
+
+    def disagreement(self) -> FlashcoreError | None:
+        """check_declared's error for the first variant, in registry order, whose entry and kernel disagree
+        (naming the others that do too), or None."""
+        found: list[tuple[str, FlashcoreError]] = []
+        for v in self.variants:
+            if v.name in self.reports:
+                try:
+                    check_declared(v, self.reports[v.name])
+                except FlashcoreError as exc:
+                    found.append((v.name, exc))
+        if not found:
+            return None
+        first = str(found[0][1])
+        others = [name for name, _ in found[1:]]
+        if others:
+            first += f" ({', '.join(others)} {'disagrees with its kernel' if len(others) == 1 else 'disagree with their kernels'} too)"
+        return FlashcoreError(first)
+
+    def unchecked_note(self) -> str | None:
+        """One line: which variants' declarations were not checked, and why; None when every one was."""
+        if not self.unchecked:
+            return None
+        by_reason: dict[str, list[str]] = {}
+        for v in self.variants:
+            if v.name in self.unchecked:
+                by_reason.setdefault(self.unchecked[v.name], []).append(v.name)
+        if len(by_reason) == 1 and len(self.unchecked) == len(self.variants) > 1:
+            return f"declarations not checked against the kernels: {next(iter(by_reason))}"
+        return "declarations not checked against the kernels " + "; ".join(f"of {', '.join(names)}: {why}" for why, names in by_reason.items())
+
+
+def _why(exc: Exception) -> str:
+    """An exception as the one-line reason of a note."""
+    text = " ".join(str(exc).split())
+    return text if isinstance(exc, FlashcoreError) else f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 # nvcc: "file(12): error: ..."; then the source line and a caret under it. gcc / clang: "file:12:5: error: ...",

@@ -1,5 +1,6 @@
 """The CUDA toolchain on this machine: nvcc, its version, the flags every compile shares, demangling; and what
-torch is installed, read without importing it (a cached `flashcore build` never imports torch)."""
+torch is installed, read without importing it (a cached `flashcore build` never imports torch): torch_metadata
+and gpu_visible live in core/records.py (core/console.py's require_gpu asks gpu_visible) and are named here too."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 from flashcore_cli.core.errors import FlashcoreEnvironmentError, FlashcoreError
+from flashcore_cli.core.records import gpu_visible, torch_metadata  # noqa: F401  (core's; named here for the builder)
 
 # Every compile of a variant — the torch build and the no-GPU ptxas probe — uses these, so both see the
 # same kernel. torch's extension builder defines __CUDA_NO_HALF_OPERATORS__ & co.; the -U flags undo that
@@ -72,69 +74,6 @@ def host_compiler() -> str:
     except (OSError, subprocess.SubprocessError):
         return path
     return f"{path}: {(out.splitlines() or [''])[0].strip()}"
-
-
-def torch_metadata() -> dict[str, str | None]:
-    """torch's version and the CUDA version it was built for ({"torch", "cuda"}; cuda None for a CPU build;
-    {} without torch): torch's own values once it is imported, else read from torch/version.py without
-    importing it (the same values as torch.__version__ and torch.version.cuda, a second or more sooner)."""
-    import sys
-
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "version"):
-        return {"torch": str(torch.__version__), "cuda": torch.version.cuda}
-    return _torch_version_file()
-
-
-@functools.lru_cache(maxsize=None)
-def _torch_version_file() -> dict[str, str | None]:
-    import ast
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        return {}
-    values: dict[str, str | None] = {}
-    try:
-        tree = ast.parse((Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text())
-        for node in tree.body:  # __version__ = '...'; cuda: Optional[str] = '13.0'
-            target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(node, "target", None)
-            value = getattr(node, "value", None)
-            if isinstance(target, ast.Name) and target.id in ("__version__", "cuda") and isinstance(value, ast.Constant):
-                values["torch" if target.id == "__version__" else "cuda"] = value.value
-    except (OSError, SyntaxError, IndexError):
-        values = {}
-    if "torch" not in values:  # an unusual install: ask torch itself
-        import torch
-
-        return {"torch": str(torch.__version__), "cuda": torch.version.cuda}
-    values.setdefault("cuda", None)
-    return values
-
-
-def gpu_visible() -> bool:
-    """Whether torch would see a CUDA GPU here, answered without importing torch or initialising CUDA: a CUDA
-    build of torch, CUDA_VISIBLE_DEVICES not hiding every device, and an NVIDIA device node (or, without
-    /dev/nvidia*, a GPU that nvidia-smi lists). A driver too old for torch's CUDA passes here and fails in the
-    worker, with torch's error on the row."""
-    if torch_metadata().get("cuda") is None:
-        return False
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and (not visible.strip() or visible.strip().startswith("-")):
-        return False
-    if any(Path("/dev").glob("nvidia[0-9]*")):
-        return True
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return False
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return any(line.startswith("GPU ") for line in out.splitlines())
 
 
 def define_flags(defines: dict[str, str]) -> list[str]:

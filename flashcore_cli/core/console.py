@@ -27,7 +27,7 @@ STATUS_STYLE = {
 
 def require_gpu(command: str) -> None:
     """Refuses a command that runs kernels where no GPU is visible; asks no torch (each worker imports it)."""
-    from flashcore_cli.builder.toolchain import gpu_visible
+    from flashcore_cli.core.records import gpu_visible
 
     if not gpu_visible():
         raise FlashcoreError(
@@ -40,14 +40,15 @@ def styled(status: str) -> str:
     return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
 
 
-def progress() -> Progress:
+def progress(on: Console | None = None) -> Progress:
+    """A transient progress bar on `on` (default: stdout's console; err_console keeps stdout for the result)."""
     return Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=console,
+        console=on or console,
         transient=True,
     )
 

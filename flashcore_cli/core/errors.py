@@ -38,31 +38,3 @@ class FlashcoreUnsupportedError(FlashcoreError, NotImplementedError):
 class FlashcoreEnvironmentError(FlashcoreError, RuntimeError):
     """This machine cannot do what was asked (a CPU build of torch, a GPU the variant does not run on)."""
 
-
-def write_crash_log(exc: BaseException) -> str:
-    """The full traceback of an unexpected exception, written to <cache>/logs/crash-<time>-<pid>.log (or the
-    temp folder when the cache is not writable); returns where, so the one line the user reads can say."""
-    import os
-    import sys
-    import tempfile
-    import time
-    import traceback
-
-    text = f"command: {' '.join(sys.argv)}\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    name = f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    try:
-        from flashcore_cli.core.records import cache_root
-
-        folders = [cache_root() / "logs"]
-    except Exception:  # the cache's own import failing is no reason to lose the traceback
-        folders = []
-    for folder in [*folders, tempfile.gettempdir()]:
-        try:
-            os.makedirs(folder, exist_ok=True)
-            path = os.path.join(folder, name)
-            with open(path, "w") as f:
-                f.write(text)
-            return path
-        except OSError:
-            continue
-    return "(no writable folder for the log)"

@@ -7,10 +7,12 @@ without one is from before the modes, and was timed cold. A bench of several mod
 
 The folders flashcore writes (the cache, the results) and the files a user names (--json, --out) are checked
 before any work: one FlashcoreError (exit 2) naming the path and why it is unusable, never a failed compile
-row or a traceback after a long run."""
+row or a traceback after a long run. The traceback of an unexpected error goes to a crash log in the cache
+(write_crash_log: cli.py prints one line naming it)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -131,6 +133,30 @@ def write_output(text: str, content: str, option: str) -> Path:
     return path
 
 
+def write_crash_log(exc: BaseException) -> str:
+    """The full traceback of an unexpected exception, written to <cache>/logs/crash-<time>-<pid>.log (or the
+    temp folder when the cache is not writable); returns where, so the one line the user reads can say."""
+    import sys
+    import traceback
+
+    text = f"command: {' '.join(sys.argv)}\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    name = f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    try:
+        folders = [cache_root() / "logs"]
+    except Exception:  # a broken $HOME is no reason to lose the traceback
+        folders = []
+    for folder in [*folders, tempfile.gettempdir()]:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, name)
+            with open(path, "w") as f:
+                f.write(text)
+            return path
+        except OSError:
+            continue
+    return "(no writable folder for the log)"
+
+
 # ---- the environment a record carries ----
 
 def nvidia_smi(fields: str) -> dict:
@@ -179,3 +205,66 @@ def environment() -> dict:
     except Exception:
         env["triton"] = None
     return env
+
+
+def torch_metadata() -> dict[str, str | None]:
+    """torch's version and the CUDA version it was built for ({"torch", "cuda"}; cuda None for a CPU build;
+    {} without torch): torch's own values once it is imported, else read from torch/version.py without
+    importing it (the same values as torch.__version__ and torch.version.cuda, a second or more sooner)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "version"):
+        return {"torch": str(torch.__version__), "cuda": torch.version.cuda}
+    return _torch_version_file()
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_version_file() -> dict[str, str | None]:
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    values: dict[str, str | None] = {}
+    try:
+        tree = ast.parse((Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text())
+        for node in tree.body:  # __version__ = '...'; cuda: Optional[str] = '13.0'
+            target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(node, "target", None)
+            value = getattr(node, "value", None)
+            if isinstance(target, ast.Name) and target.id in ("__version__", "cuda") and isinstance(value, ast.Constant):
+                values["torch" if target.id == "__version__" else "cuda"] = value.value
+    except (OSError, SyntaxError, IndexError):
+        values = {}
+    if "torch" not in values:  # an unusual install: ask torch itself
+        import torch
+
+        return {"torch": str(torch.__version__), "cuda": torch.version.cuda}
+    values.setdefault("cuda", None)
+    return values
+
+
+def gpu_visible() -> bool:
+    """Whether torch would see a CUDA GPU here, answered without importing torch or initialising CUDA: a CUDA
+    build of torch, CUDA_VISIBLE_DEVICES not hiding every device, and an NVIDIA device node (or, without
+    /dev/nvidia*, a GPU that nvidia-smi lists). A driver too old for torch's CUDA passes here and fails in the
+    worker, with torch's error on the row."""
+    if torch_metadata().get("cuda") is None:
+        return False
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and (not visible.strip() or visible.strip().startswith("-")):
+        return False
+    if any(Path("/dev").glob("nvidia[0-9]*")):
+        return True
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return any(line.startswith("GPU ") for line in out.splitlines())

@@ -266,94 +266,39 @@ def load_registry(path: str | os.PathLike | None = None) -> Registry:
 
 
 def _parse_variant(path: Path, root: Path, index: int, entry: Any) -> Variant:
-    where = f"{path}: variant #{index + 1}"
-    if not isinstance(entry, dict):
-        raise FlashcoreError(f"{where}: must be a mapping of keys, got {type(entry).__name__}")
-    name = entry.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise FlashcoreError(f"{where}: key 'name': must be a string of letters, digits, '_', '.', '-' (got {name!r})")
+    """One registry entry, validated key by key in a fixed order (the first problem is the one reported)."""
+    name = _entry_name(path, index, entry)
     where = f"{path}: variant '{name}'"
 
     def fail(key: str, problem: str) -> FlashcoreError:
         return FlashcoreError(f"{where}: key '{key}': {problem}")
 
-    unknown = sorted(set(entry) - _REQUIRED - _OPTIONAL)
-    if unknown:
-        allowed = ", ".join(sorted(_REQUIRED | _OPTIONAL))
-        raise fail(unknown[0], f"unknown key (allowed: {allowed})")
-    missing = sorted(_REQUIRED - set(entry))
-    if missing:
-        raise fail(missing[0], "missing")
-
-    aliases = entry.get("aliases", [])
-    if not _is_list_of(aliases, str) or not all(_NAME.match(a) for a in aliases):
-        raise fail("aliases", "must be a list of names")
-
-    sources_raw = entry["sources"]
-    if not _is_list_of(sources_raw, str) or not sources_raw:
-        raise fail("sources", "must be a non-empty list of file paths")
-    sources = []
-    for s in sources_raw:
-        p = _resolved(path.parent / s, f"variant '{name}': source '{s}'")
-        if not p.is_relative_to(root):
-            raise fail("sources", f"'{s}' is outside the project ({root})")
-        if p.suffix not in _SOURCE_SUFFIXES:
-            raise fail("sources", f"'{s}' is not a CUDA/C++ source ({', '.join(sorted(_SOURCE_SUFFIXES))})")
-        if not p.is_file():
-            raise fail("sources", f"file '{s}' does not exist")
-        sources.append(p)
-
-    flags = entry.get("flags", [])
-    if not _is_list_of(flags, str):
-        raise fail("flags", "must be a list of strings (nvcc flags)")
-    for f in flags:
-        if f.startswith("-D"):
-            raise fail("flags", f"'{f}': put macros under 'defines', so the cache key and the tuner see them")
-
-    defines_raw = entry.get("defines", {})
-    if not isinstance(defines_raw, dict):
-        raise fail("defines", "must be a mapping NAME: value")
-    defines: dict[str, str] = {}
-    for k, val in defines_raw.items():
-        if not isinstance(k, str) or not _IDENT.match(k):
-            raise fail("defines", f"'{k}' is not a C identifier")
-        if isinstance(val, bool) or not isinstance(val, (int, float, str)):
-            raise fail("defines", f"'{k}' must be a number or a string")
-        defines[k] = str(val)
-
-    summary = entry["summary"]
-    if not isinstance(summary, str) or not summary.strip() or "\n" in summary.strip():
-        raise fail("summary", "must be a one-line string")
-
-    head_dims = entry["head_dims"]
-    if not _is_list_of(head_dims, int) or not head_dims or any(isinstance(d, bool) or d <= 0 for d in head_dims):
-        raise fail("head_dims", "must be a non-empty list of positive integers")
-    if len(set(head_dims)) != len(head_dims):
-        raise fail("head_dims", "lists a head dim twice")
-
+    _check_keys(entry, fail)
+    aliases = _parse_aliases(entry.get("aliases", []), fail)
+    sources = _parse_sources(entry["sources"], fail, path, root, name)
+    flags = _parse_flags(entry.get("flags", []), fail)
+    defines = _parse_defines(entry.get("defines", {}), fail)
+    summary = _parse_summary(entry["summary"], fail)
+    head_dims = _parse_head_dims(entry["head_dims"], fail)
     causal = entry["causal"]
     if not isinstance(causal, bool):
         raise fail("causal", "must be true or false")
-
     notes = entry.get("notes", "")
     if not isinstance(notes, str):
         raise fail("notes", "must be a string")
-
     archs = _parse_archs(entry.get("archs"), fail)
     dtypes = _parse_dtypes(entry.get("dtypes"), fail)
     features = _parse_features(entry.get("features"), fail)
-    max_seq_len = entry.get("max_seq_len")
-    if max_seq_len is not None and (not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool) or max_seq_len < 1):
-        raise fail("max_seq_len", f"must be a positive integer (the most query rows the kernel takes), got {max_seq_len!r}")
+    max_seq_len = _parse_max_seq_len(entry.get("max_seq_len"), fail)
     tune = _parse_tune(entry.get("tune"), fail)
     return Variant(
         name=name,
-        aliases=tuple(aliases),
-        sources=tuple(sources),
-        flags=tuple(flags),
+        aliases=aliases,
+        sources=sources,
+        flags=flags,
         defines=defines,
-        summary=summary.strip(),
-        head_dims=tuple(head_dims),
+        summary=summary,
+        head_dims=head_dims,
         causal=causal,
         notes=notes.strip(),
         tune=tune,
@@ -363,6 +308,93 @@ def _parse_variant(path: Path, root: Path, index: int, entry: Any) -> Variant:
         features=features,
         max_seq_len=max_seq_len,
     )
+
+
+def _entry_name(path: Path, index: int, entry: Any) -> str:
+    """The entry's name, once the entry is known to be a mapping (errors name it by its place in the list)."""
+    where = f"{path}: variant #{index + 1}"
+    if not isinstance(entry, dict):
+        raise FlashcoreError(f"{where}: must be a mapping of keys, got {type(entry).__name__}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise FlashcoreError(f"{where}: key 'name': must be a string of letters, digits, '_', '.', '-' (got {name!r})")
+    return name
+
+
+def _check_keys(entry: dict, fail) -> None:
+    """No key outside _REQUIRED and _OPTIONAL, and every required one."""
+    unknown = sorted(set(entry) - _REQUIRED - _OPTIONAL)
+    if unknown:
+        allowed = ", ".join(sorted(_REQUIRED | _OPTIONAL))
+        raise fail(unknown[0], f"unknown key (allowed: {allowed})")
+    missing = sorted(_REQUIRED - set(entry))
+    if missing:
+        raise fail(missing[0], "missing")
+
+
+def _parse_aliases(raw: Any, fail) -> tuple[str, ...]:
+    if not _is_list_of(raw, str) or not all(_NAME.match(a) for a in raw):
+        raise fail("aliases", "must be a list of names")
+    return tuple(raw)
+
+
+def _parse_sources(raw: Any, fail, path: Path, root: Path, name: str) -> tuple[Path, ...]:
+    """The source files, resolved against the registry's folder: inside the project, CUDA/C++, existing."""
+    if not _is_list_of(raw, str) or not raw:
+        raise fail("sources", "must be a non-empty list of file paths")
+    sources = []
+    for s in raw:
+        p = _resolved(path.parent / s, f"variant '{name}': source '{s}'")
+        if not p.is_relative_to(root):
+            raise fail("sources", f"'{s}' is outside the project ({root})")
+        if p.suffix not in _SOURCE_SUFFIXES:
+            raise fail("sources", f"'{s}' is not a CUDA/C++ source ({', '.join(sorted(_SOURCE_SUFFIXES))})")
+        if not p.is_file():
+            raise fail("sources", f"file '{s}' does not exist")
+        sources.append(p)
+    return tuple(sources)
+
+
+def _parse_flags(raw: Any, fail) -> tuple[str, ...]:
+    if not _is_list_of(raw, str):
+        raise fail("flags", "must be a list of strings (nvcc flags)")
+    for f in raw:
+        if f.startswith("-D"):
+            raise fail("flags", f"'{f}': put macros under 'defines', so the cache key and the tuner see them")
+    return tuple(raw)
+
+
+def _parse_defines(raw: Any, fail) -> dict[str, str]:
+    if not isinstance(raw, dict):
+        raise fail("defines", "must be a mapping NAME: value")
+    defines: dict[str, str] = {}
+    for k, val in raw.items():
+        if not isinstance(k, str) or not _IDENT.match(k):
+            raise fail("defines", f"'{k}' is not a C identifier")
+        if isinstance(val, bool) or not isinstance(val, (int, float, str)):
+            raise fail("defines", f"'{k}' must be a number or a string")
+        defines[k] = str(val)
+    return defines
+
+
+def _parse_summary(raw: Any, fail) -> str:
+    if not isinstance(raw, str) or not raw.strip() or "\n" in raw.strip():
+        raise fail("summary", "must be a one-line string")
+    return raw.strip()
+
+
+def _parse_head_dims(raw: Any, fail) -> tuple[int, ...]:
+    if not _is_list_of(raw, int) or not raw or any(isinstance(d, bool) or d <= 0 for d in raw):
+        raise fail("head_dims", "must be a non-empty list of positive integers")
+    if len(set(raw)) != len(raw):
+        raise fail("head_dims", "lists a head dim twice")
+    return tuple(raw)
+
+
+def _parse_max_seq_len(raw: Any, fail) -> int | None:
+    if raw is not None and (not isinstance(raw, int) or isinstance(raw, bool) or raw < 1):
+        raise fail("max_seq_len", f"must be a positive integer (the most query rows the kernel takes), got {raw!r}")
+    return raw
 
 
 def _parse_archs(raw: Any, fail) -> tuple[str, ...]:

@@ -21,12 +21,16 @@ A results file (`flashcore report merge`, docs/results/h200.json) holds many ben
 dtype and mode: compared with a bench or sweep record, its sections of the other record's cases (shape and
 causal, in its dtype and mode) are compared; two results files compare the sections they share. A results
 file with no section of the other's cases is refused, with the sections it has.
+
+Reading a record is this module's: validate_record, and sections_of (a record's Sections, one bench run in one
+mode each), which report/readme.py builds its tables on (readme imports this module, never the other way).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from flashcore_cli.core.errors import FlashcoreError
@@ -36,10 +40,38 @@ from flashcore_cli.measure.timing import DEFAULT_THRESHOLD, Verdict, timing_verd
 DEFAULT_MODE = OLD_RECORD_MODE  # records written before bench had modes were all cold-L2 timings
 DEFAULT_DTYPE = "fp16"  # records written before bf16 were fp16
 DEFAULT_PASS = "fwd"  # records written before bench --pass timed the forward
+DTYPES = ("fp16", "bf16")
+PASSES = ("fwd", "bwd", "fwd+bwd")  # registry.shapes.PASSES; each pass of a case is a section of its own
+BENCH_KIND = "flashcore-bench"
 TIMING_KEYS = ("median_us", "p10_us", "p90_us")
 RESULTS_KIND = "flashcore-results"
 # timing_verdict's "same", in words: the footer prints it, and the README says the same (a test holds them).
 SAME_RULE = "the medians differ by at most half the wider of the two runs' p10-p90 spreads"
+
+
+@dataclass
+class Section:
+    """The rows of one bench run in one mode: one table."""
+
+    shape: str
+    causal: bool
+    mode: str
+    rows: list[dict]
+    environment: dict
+    dtype: str = DEFAULT_DTYPE
+    passes: str = DEFAULT_PASS  # what a timed call did: fwd, bwd or fwd+bwd (records from before passes: fwd)
+
+    @property
+    def case(self) -> str:
+        return (self.shape + (" causal" if self.causal else "") + ("" if self.dtype == DEFAULT_DTYPE else f" {self.dtype}")
+                + ("" if self.passes == DEFAULT_PASS else f" {self.passes}"))  # fmt: skip
+
+    @property
+    def key(self) -> tuple[str, bool, str, str, str]:
+        return self.shape, self.causal, self.mode, self.dtype, self.passes
+
+    def row(self, name: str) -> dict | None:
+        return next((r for r in self.rows if r.get("name") == name), None)
 
 
 def row_verdict(a: dict, b: dict, threshold: float = DEFAULT_THRESHOLD) -> Verdict:
@@ -89,10 +121,35 @@ def record_cases(record: dict) -> set[tuple[str, bool, str, str, str]]:
     return {(_shape(shape), causal, dtype, mode, passes) for _, shape, causal in keyed_rows(record)}
 
 
-def results_sections(path: Path, data: dict) -> list:
-    """The sections (readme.Section: one bench run in one mode) of a results file, validated."""
-    from flashcore_cli.report.readme import BENCH_KIND, sections_of
+def sections_of(record: dict, where: str) -> list[Section]:
+    """One section per mode: a record of several modes keeps them under "runs"; an older one was timed cold."""
+    from flashcore_cli.registry.shapes import parse_shape
 
+    try:
+        shape = str(parse_shape(str(record.get("shape", ""))))
+    except FlashcoreError as exc:
+        raise FlashcoreError(f"{where}: {exc}") from None
+    if not isinstance(record.get("causal"), bool):
+        raise FlashcoreError(f"{where}: 'causal' must be true or false")
+    dtype = record.get("dtype", DEFAULT_DTYPE)  # records from before bf16 were fp16
+    if dtype not in DTYPES:
+        raise FlashcoreError(f"{where}: 'dtype' must be one of {', '.join(DTYPES)}")
+    passes = record.get("pass", DEFAULT_PASS)
+    if passes not in PASSES:
+        raise FlashcoreError(f"{where}: 'pass' must be one of {', '.join(PASSES)}")
+    runs = record.get("runs") or [record]
+    if not isinstance(runs, list) or not all(isinstance(r, dict) and isinstance(r.get("rows"), list) for r in runs):
+        raise FlashcoreError(f"{where}: 'runs' must be a list of {{\"mode\": ..., \"rows\": [...]}} sections")
+    sections = []
+    for run in runs:
+        mode = run.get("mode") or record.get("mode") or DEFAULT_MODE
+        validate_record(f"{where} ({mode} mode)", {**record, "mode": mode, "rows": run["rows"]})
+        sections.append(Section(shape, record["causal"], mode, run["rows"], record.get("environment") or {}, dtype, passes))
+    return sections
+
+
+def results_sections(path: Path, data: dict) -> list:
+    """The sections (Section: one bench run in one mode) of a results file, validated."""
     records = data.get("records")
     if not isinstance(records, list) or not records:
         raise FlashcoreError(f"{path}: 'records' must be a non-empty list of bench records")

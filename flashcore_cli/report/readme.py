@@ -26,44 +26,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flashcore_cli.core.errors import EXIT_CHECK_FAILED, FlashcoreError
-from flashcore_cli.measure.modes import DEFAULT_MODE
+from flashcore_cli.report.compare import (  # the records' kinds and defaults, and reading a record's sections
+    BENCH_KIND,
+    DEFAULT_DTYPE,
+    DEFAULT_MODE,
+    DEFAULT_PASS,
+    DTYPES,
+    PASSES,
+    RESULTS_KIND,
+    Section,
+    sections_of,
+)
 
-RESULTS_KIND = "flashcore-results"
-BENCH_KIND = "flashcore-bench"
-DEFAULT_DTYPE = "fp16"
-DTYPES = ("fp16", "bf16")
-DEFAULT_PASS = "fwd"
-PASSES = ("fwd", "bwd", "fwd+bwd")  # registry.shapes.PASSES; each pass of a case is a section of its own
 SDPA_DEFAULT = "sdpa"
 OPEN = re.compile(r"^<!-- results:(?P<spec>.*?) -->$")
 CLOSE = "<!-- /results -->"
 LADDER_OPEN = re.compile(r"^<!-- ladder-chart(?P<spec>.*?) -->$")
 LADDER_CLOSE = "<!-- /ladder-chart -->"
-
-
-@dataclass
-class Section:
-    """The rows of one bench run in one mode: one table."""
-
-    shape: str
-    causal: bool
-    mode: str
-    rows: list[dict]
-    environment: dict
-    dtype: str = DEFAULT_DTYPE
-    passes: str = DEFAULT_PASS  # what a timed call did: fwd, bwd or fwd+bwd (records from before passes: fwd)
-
-    @property
-    def case(self) -> str:
-        return (self.shape + (" causal" if self.causal else "") + ("" if self.dtype == DEFAULT_DTYPE else f" {self.dtype}")
-                + ("" if self.passes == DEFAULT_PASS else f" {self.passes}"))  # fmt: skip
-
-    @property
-    def key(self) -> tuple[str, bool, str, str, str]:
-        return self.shape, self.causal, self.mode, self.dtype, self.passes
-
-    def row(self, name: str) -> dict | None:
-        return next((r for r in self.rows if r.get("name") == name), None)
 
 
 # ---------------------------------------------------------------- reading and merging
@@ -93,34 +72,6 @@ def bench_records(path: Path) -> list[dict]:
         if not isinstance(record, dict) or record.get("kind") != BENCH_KIND:
             raise FlashcoreError(f"{path}: record {number} is not a bench record (kind {BENCH_KIND!r})")
     return records
-
-
-def sections_of(record: dict, where: str) -> list[Section]:
-    """One section per mode: a record of several modes keeps them under "runs"; an older one was timed cold."""
-    from flashcore_cli.report.compare import validate_record
-    from flashcore_cli.registry.shapes import parse_shape
-
-    try:
-        shape = str(parse_shape(str(record.get("shape", ""))))
-    except FlashcoreError as exc:
-        raise FlashcoreError(f"{where}: {exc}") from None
-    if not isinstance(record.get("causal"), bool):
-        raise FlashcoreError(f"{where}: 'causal' must be true or false")
-    dtype = record.get("dtype", DEFAULT_DTYPE)  # records from before bf16 were fp16
-    if dtype not in DTYPES:
-        raise FlashcoreError(f"{where}: 'dtype' must be one of {', '.join(DTYPES)}")
-    passes = record.get("pass", DEFAULT_PASS)
-    if passes not in PASSES:
-        raise FlashcoreError(f"{where}: 'pass' must be one of {', '.join(PASSES)}")
-    runs = record.get("runs") or [record]
-    if not isinstance(runs, list) or not all(isinstance(r, dict) and isinstance(r.get("rows"), list) for r in runs):
-        raise FlashcoreError(f"{where}: 'runs' must be a list of {{\"mode\": ..., \"rows\": [...]}} sections")
-    sections = []
-    for run in runs:
-        mode = run.get("mode") or record.get("mode") or DEFAULT_MODE
-        validate_record(f"{where} ({mode} mode)", {**record, "mode": mode, "rows": run["rows"]})
-        sections.append(Section(shape, record["causal"], mode, run["rows"], record.get("environment") or {}, dtype, passes))
-    return sections
 
 
 def load_results(path: str | Path) -> list[Section]:
