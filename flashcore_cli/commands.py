@@ -37,10 +37,12 @@ def cmd_list(registry_path, check: bool = True) -> int:
     unchecked = None
     if check:
         probes = DeclarationProbes(reg.variants, default_arch())
-        if probes.todo:
+        if probes.todo and err_console.is_terminal:
             with progress(err_console) as bar:
                 task = bar.add_task(f"checking declarations: probing {len(probes.todo)} kernel(s) with nvcc", total=len(probes.todo))
                 probes.compile(on_done=lambda: bar.advance(task))
+        elif probes.todo:  # no terminal to draw on (a pipe, a file): stderr stays clean for the reader
+            probes.compile(on_done=lambda: None)
         problem = probes.disagreement()
         if problem:
             raise problem
