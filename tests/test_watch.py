@@ -55,7 +55,13 @@ def fake_resources(built):
 
 
 def fake_bench(registry, variant):
-    return (12.0 if "SLOW" in (variant.kernels_dir / "k.cu").read_text() else 8.0), ""
+    """A timed row: 12 us (SLOW), 8.1 us with a spread that covers 8 (NOISY), else 8 us."""
+    text = (variant.kernels_dir / "k.cu").read_text()
+    if "SLOW" in text:
+        return {"median_us": 12.0, "p10_us": 11.9, "p90_us": 12.1}, ""
+    if "NOISY" in text:
+        return {"median_us": 8.1, "p10_us": 7.9, "p90_us": 8.3}, ""
+    return {"median_us": 8.0, "p10_us": 7.95, "p90_us": 8.05}, ""
 
 
 class Script:
@@ -210,7 +216,21 @@ def test_bench_shows_sdpa_and_the_previous_build(project):
     assert (shown[1].median_us, shown[1].previous_us) == (12.0, 8.0)
     assert shown[2].status == "MISMATCH" and shown[2].median_us is None  # a wrong kernel is never timed
     text = console.export_text()
-    assert "vs SDPA 10.0 us: 1.25x" in text and "vs previous 8.0 us: 0.67x slower" in text
+    assert "vs SDPA 10.0 us: 1.25x" in text and "vs previous 8.0 us: 1.50x slower" in text
+
+
+def test_a_change_within_the_spread_is_same_not_slower(project):
+    """8.0 then 8.1 us whose p10-p90 spread (7.9-8.3) covers the difference: "same (within noise)", not
+    "0.99x slower"; then 12 us, outside both spreads: slower."""
+    src = project / "kernels" / "k.cu"
+    head = '#include "flashcore.h"\n#include "tile.cuh"\n'
+    console = Console(record=True, width=160)
+    edits = [write(src, head + "// REGS=100 NOISY\n"), write(src, head + "// REGS=100 SLOW\n")]
+    code, shown = run(project, edits, bench=True, sdpa=lambda: 10.0,
+                      render=lambda it, h: render_iteration(console, it, h, title="watch k", clear=False))  # fmt: skip
+    assert code == 130 and [it.median_us for it in shown] == [8.0, 8.1, 12.0]
+    text = " ".join(console.export_text().split())
+    assert "vs previous 8.0 us: same (within noise)" in text and "vs previous 8.1 us: 1.48x slower" in text
 
 
 def test_ctrl_c_during_a_build_leaves_cleanly(project):

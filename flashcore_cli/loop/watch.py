@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,8 @@ class Iteration:
     median_us: float | None = None
     sdpa_us: float | None = None
     previous_us: float | None = None
+    timing: dict = field(default_factory=dict)  # this build's timed row (median_us, and p10_us / p90_us)
+    previous_timing: dict = field(default_factory=dict)  # the last timed build's
     bench_note: str = ""
     seconds: float = 0.0
 
@@ -90,7 +93,7 @@ class WatchSteps:
     load: Callable[[], tuple]
     check: Callable[..., VariantOutcome]
     resources: Callable[[dict], list[KernelResources]]
-    bench: Callable[..., tuple[float | None, str]] | None = None
+    bench: Callable[..., tuple[dict | None, str]] | None = None  # (the timed row: median_us, p10_us, p90_us; a note)
     sdpa: Callable[[], float | None] | None = None
 
 
@@ -185,8 +188,12 @@ class Watcher:
             self._sdpa_asked = True
             self._sdpa = self.steps.sdpa()
         it.sdpa_us = self._sdpa
-        it.median_us, it.bench_note = self.steps.bench(registry, variant)
-        it.previous_us = next((h.median_us for h in reversed(self.history) if h.median_us), None)
+        timing, it.bench_note = self.steps.bench(registry, variant)
+        it.timing = timing or {}
+        it.median_us = it.timing.get("median_us")
+        previous = next((h for h in reversed(self.history) if h.median_us), None)
+        if previous is not None:
+            it.previous_us, it.previous_timing = previous.median_us, previous.timing
 
     # ---------------------------------------------------------------- waiting for a save
     def wait_for_change(self) -> list[str]:
@@ -314,8 +321,7 @@ def render_iteration(console, it: Iteration, history: list[Iteration], *, title:
         if it.sdpa_us:
             parts.append(f"vs SDPA {it.sdpa_us:.1f} us: {it.sdpa_us / it.median_us:.2f}x")
         if it.previous_us:
-            change = it.previous_us / it.median_us
-            parts.append(f"vs previous {it.previous_us:.1f} us: {change:.2f}x {'faster' if change >= 1 else 'slower'}")
+            parts.append(f"vs previous {it.previous_us:.1f} us: {_change(it)}")
         grid.add_row("time", "   ".join(parts))
     elif it.bench_note:
         grid.add_row("time", escape(it.bench_note))
@@ -398,7 +404,7 @@ def worker_steps(registry_path, variant_name: str, shapes, *, causal: bool, dtyp
 
         row = bench_variant(reg, variant, bench_case, arch=arch, reps=reps, warmup=10, timeout=timeout, modes=(BENCH_MODE,))[BENCH_MODE]
         if row.median:
-            return row.median, ""
+            return row.timing, ""
         return None, f"not timed: {row.status} {(row.detail or '').splitlines()[0] if row.detail else ''}".strip()
 
     def sdpa():
@@ -408,6 +414,19 @@ def worker_steps(registry_path, variant_name: str, shapes, *, causal: bool, dtyp
         return sdpa_median(rows[BENCH_MODE])
 
     return WatchSteps(load, check, resources_of, time_it if bench else None, sdpa if bench else None)
+
+
+def _change(it: Iteration) -> str:
+    """This build against the previous one, by the rule `compare` uses: "same (within noise)" when the medians
+    differ by less than either row's half p10-p90 spread; the factor faster or slower otherwise."""
+    from flashcore_cli.measure.timing import timing_verdict
+
+    rows = (it.previous_timing, it.timing)
+    if all(r.get(k) is not None for r in rows for k in ("median_us", "p10_us", "p90_us")):
+        verdict = timing_verdict(*rows, threshold=math.inf)
+        return "same (within noise)" if verdict.word == "same" else verdict.text()
+    change = it.previous_us / it.median_us
+    return f"{change:.2f}x {'faster' if change >= 1 else 'slower'}"
 
 
 def resources_of(built: dict) -> list[KernelResources]:
