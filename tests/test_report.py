@@ -236,7 +236,7 @@ def test_merge_refuses_a_run_twice_and_two_gpus(tmp_path):
 @pytest.mark.parametrize(
     "content, needle",
     [
-        ("{not json", "not JSON"),
+        ("{not json", "not a JSON record"),
         ('{"kind": "flashcore-sweep", "rows": []}', "neither a bench record"),
         ('{"kind": "flashcore-results", "records": []}', "'records' must be a non-empty list"),
         ('{"kind": "flashcore-bench", "shape": "1,8,512", "causal": false, "rows": []}', "bad shape"),
@@ -287,3 +287,12 @@ def test_passes_and_grouped_shapes_live_beside_the_forward(tmp_path, monkeypatch
     assert [r["B,Hq:Hkv,Sq:Sk,D"] for r in inference] == ["8,32:8,1:8192,128"]
     assert training_table and "--pass fwd+bwd" in (tmp_path / "README.md").read_text()
     assert runner.invoke(app, ["report", "readme", "all.json", "--check"]).exit_code == 0
+
+
+@pytest.mark.parametrize("command", [["report", "readme", "{folder}", "--check"], ["report", "merge", "{folder}", "-o", "{out}"]])
+def test_a_folder_for_a_record_is_one_line_exit_2(tmp_path, command):
+    """A folder where a record file belongs was exit 3 (IsADirectoryError) in `report readme`."""
+    args = [a.format(folder=tmp_path, out=tmp_path / "r.json") for a in command]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "is a folder" in said(result) and "Traceback" not in result.output

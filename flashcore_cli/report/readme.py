@@ -35,6 +35,7 @@ from flashcore_cli.report.compare import (  # the records' kinds and defaults, a
     PASSES,
     RESULTS_KIND,
     Section,
+    read_json_record,
     sections_of,
 )
 
@@ -46,18 +47,9 @@ LADDER_CLOSE = "<!-- /ladder-chart -->"
 
 
 # ---------------------------------------------------------------- reading and merging
-def read_json(path: Path) -> object:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FlashcoreError(f"{path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FlashcoreError(f"{path}: not JSON ({exc})") from None
-
-
 def bench_records(path: Path) -> list[dict]:
     """The bench records a file holds: a results file's, or the file itself when it is one bench record."""
-    data = read_json(path)
+    data = read_json_record(path)  # one line for a missing file, a folder, an unreadable file, not JSON
     if isinstance(data, dict) and data.get("kind") == RESULTS_KIND:
         records = data.get("records")
         if not isinstance(records, list) or not records:
