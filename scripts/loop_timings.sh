@@ -83,7 +83,12 @@ cp "$BACKUP" "$SRC"
 
 declare -A TARGET=(["edit+build v11"]="<= 8 s" ["edit+test v11"]="<= 15 s" ["cached build v8"]="<= 3 s" ["build --all"]="<= 60 s" ["--help"]="<= 0.3 s")
 echo
-echo "flashcore loop timings: $(git rev-parse --short HEAD 2>/dev/null) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores, $("$PY" -c 'import torch; print("torch", torch.__version__)' 2>/dev/null)"
+# The tree measured, by content (a copied work tree may carry stale git metadata, so HEAD alone can name another
+# commit): the sources' digest, then HEAD and whether the tree differs from it, as git sees it.
+tree=$(find kernels flashcore_cli variants.yaml -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.cpp' \
+  -o -name '*.py' -o -name '*.yaml' \) | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12)
+head=$(git rev-parse --short HEAD 2>/dev/null)$( [ -n "$(git status --porcelain 2>/dev/null)" ] && echo "+changes")
+echo "flashcore loop timings: sources $tree (git: ${head:-none}) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores, $("$PY" -c 'import torch; print("torch", torch.__version__)' 2>/dev/null)"
 header="| step |"
 rule="|---|"
 for run in $(seq 1 "$RUNS"); do header="$header run $run (s) |"; rule="$rule---:|"; done
