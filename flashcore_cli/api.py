@@ -267,6 +267,11 @@ class Attention:
     def plan(self, head_dim: int) -> list[tuple[str, int, int]]:
         return list(self._module.plan(head_dim))
 
+    def forward_note(self) -> str | None:
+        """What this thread's last forward ran in place of the kernel the variant's plan prefers, and why (v11's
+        cp.async kernel when the driver could not make its TMA kernel's tensor maps); None: nothing substituted."""
+        return self._module.forward_note()
+
     def _check_alignment(self, q, k, v, out) -> None:
         for label, t in {"q": q, "k": k, "v": v, "out": out}.items():
             if t is not None and t.is_cuda and t.data_ptr() % 16:

@@ -116,7 +116,10 @@ def _time(attn, case: Case, request: WorkRequest, events: Events) -> None:
         except Exception as exc:
             _crash(events, exc, f"timing {case.label()} ({mode} mode)")
             return
-        events.emit("timing", name=attn.name, key=attn.build.key, **timing.as_dict())
+        # a kernel the launcher ran in place of its preferred one is named in the row that timed it (a backward
+        # alone runs no forward: the note of the setup's forward is not its row's)
+        note = attn.forward_note() if request.passes != "bwd" else None
+        events.emit("timing", name=attn.name, key=attn.build.key, **timing.as_dict(), **({"detail": note} if note else {}))
 
 
 def task_test(request: WorkRequest, events: Events) -> None:

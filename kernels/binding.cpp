@@ -197,9 +197,13 @@ static void define_module(py::module_& m) {
   m.def("features", &flashcore_features, "what else it supports: a mask of 1 << (0: gqa, 1: seqlen_kv, 2: lse, 3: backward)");
   m.def("plan", &plan, "the kernels, threads and dynamic shared memory the launcher uses at a head dim",
         py::arg("head_dim"));
+  m.def("forward_note", []() -> py::object {
+    const char* note = flashcore_forward_note();
+    return note != nullptr ? py::object(py::str(note)) : py::object(py::none());
+  }, "what the last forward on this thread ran in place of the kernel its plan prefers, and why (None: nothing)");
 }
 
-// This file is compiled once into an object that every variant's module links (flashcore_cli/build/jit.py), so a
+// This file is compiled once into an object that every variant's module links (flashcore_cli/builder/jit.py), so a
 // module's name cannot be TORCH_EXTENSION_NAME: it comes from the entry point flashcore generates per module,
 //   PyMODINIT_FUNC PyInit_<name>() { return flashcore_binding_init("<name>"); }
 // with a string literal (module_name must outlive the module). Single-phase init, as PYBIND11_PLUGIN did.

@@ -22,6 +22,9 @@
 //   flashcore_backward_workspace   kFlashcoreBackward; the workspace is scratch the binding allocates.
 //   flashcore_forward_workspace    scratch bytes the forward needs (a split-KV decode's partials). Default 0.
 //   flashcore_max_seq_len          the most query rows S it takes (a decode rung's tile). Default 0: any.
+//   flashcore_forward_note         what the last flashcore_forward on this thread ran in place of the kernel
+//                                  its plan prefers, and why (a fallback), or nullptr (the default): the bench
+//                                  row that timed the call names it.
 //
 // Tensors are contiguous, fp16 (or bf16 where a rung says so): q and o [B, H, S, D], k and v
 // [B, H_kv, S_kv, D]. H_kv divides H: query head h reads key/value head h / (H / H_kv) (multi-head H_kv = H,
@@ -101,6 +104,10 @@ size_t flashcore_forward_workspace(const FlashcoreParams& p);
 
 // The most query rows (S) the launcher takes; 0 (the default): no limit.
 int flashcore_max_seq_len();
+
+// A substitution by the last flashcore_forward on this thread ("<kernel> ran in place of <kernel>: <why>"), or
+// nullptr when it ran what it prefers; valid until that thread's next flashcore_forward.
+const char* flashcore_forward_note();
 
 // Scratch bytes flashcore_backward needs for these shapes (a rung with kFlashcoreBackward defines both).
 size_t flashcore_backward_workspace(const FlashcoreParams& p);

@@ -14,6 +14,8 @@ __attribute__((weak)) size_t flashcore_forward_workspace(const FlashcoreParams&)
 
 __attribute__((weak)) int flashcore_max_seq_len() { return 0; }
 
+__attribute__((weak)) const char* flashcore_forward_note() { return nullptr; }
+
 __attribute__((weak)) size_t flashcore_backward_workspace(const FlashcoreParams&) { return 0; }
 
 __attribute__((weak)) const char* flashcore_backward(const FlashcoreBackwardParams&, cudaStream_t) {

@@ -92,12 +92,17 @@ int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
 }
 
 const char* flashcore_forward(const FlashcoreParams& p, cudaStream_t stream) {
+  v11_forward_note() = nullptr;
   // The running max is kept in raw-score units, which orders like the scaled scores only for scale > 0.
   if (!(p.scale > 0.f)) return fc::message("v11 needs a softmax scale > 0 (got %g)", p.scale);
   if (p.seq_len < 1 || p.batch < 1 || p.heads < 1) return nullptr;
   if (p.seq_len_kv < 1) return "v11: k and v have no rows";
   return p.dtype != kFlashcoreBFloat16 ? forward_dtype<__half>(p, stream) : v11_forward_bf16(p, stream);
 }
+
+// Set when an sm_90 build's TMA kernel fell back to its cp.async twin (a driver without the tensor-map entry
+// point, or maps it could not make), so the row that timed it names the kernel that ran.
+const char* flashcore_forward_note() { return v11_forward_note(); }
 
 // fp16 and bf16: the same kernels, instantiated for each (v11_fwd*_bf16).
 int flashcore_dtypes() { return (1 << kFlashcoreFloat16) | (1 << kFlashcoreBFloat16); }

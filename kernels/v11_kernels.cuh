@@ -184,14 +184,30 @@ static const char* launch_tma(const FlashcoreParams& p, cudaStream_t stream, boo
 // At D=64 an sm_90 build takes the TMA kernel of the regime (CfgTma; void at D=128, whose 256-byte rows one
 // 128-byte-swizzled box does not cover), unless the driver cannot make its tensor maps; the cp.async kernels
 // remain for older GPUs and D=128.
+// What the last forward on this thread ran in place of its TMA kernel (flashcore_forward_note; cleared by each
+// flashcore_forward): one pointer and one buffer for both translation units (an inline function's statics).
+inline const char*& v11_forward_note() {
+  static thread_local const char* note = nullptr;
+  return note;
+}
+
+inline char* v11_note_buffer() {
+  static thread_local char text[192];
+  return text;
+}
+
 template <class Cfg, class CfgTma, class T>
 static const char* launch_prefer_tma(const FlashcoreParams& p, cudaStream_t stream) {
   if constexpr (fc::kBuildsSm90 && !std::is_void_v<CfgTma>) {
+    const char* why = "this driver does not export cuTensorMapEncodeTiled";
     if (fc::tensor_map_encoder() != nullptr) {
       bool launched = false;
       const char* err = launch_tma<CfgTma, T>(p, stream, &launched);
       if (launched || err != nullptr) return err;
+      why = "the driver could not make the K/V tensor maps";
     }
+    snprintf(v11_note_buffer(), 192, "%s ran in place of %s: %s", kernel_name<Cfg, T>(), tma_kernel_name<CfgTma, T>(), why);
+    v11_forward_note() = v11_note_buffer();
   }
   return launch<Cfg, T>(p, stream);
 }

@@ -16,7 +16,8 @@ The events, each {"event": KIND, ...} on a line of its own:
     environment        the run's environment (records.environment()); references add the GPU's peaks
     case-start         case: the case about to be checked
     case               a checked case: check_case's result (case, status OK or MISMATCH, max_error, tolerance, ...)
-    timing             name, and key (a variant) or detail (a reference), and Timing.as_dict() (mode, median_us, ...)
+    timing             name, and key (a variant) or detail (a reference), and Timing.as_dict() (mode, median_us, ...);
+                       a variant's detail names a kernel its launcher ran in place of the preferred one
     timing-skipped     name, key, mode, reason: the variant cannot be timed in that mode
     reference-skipped  name, reason, and mode when only that mode cannot time it (without: every mode)
     launched           calls, kernels

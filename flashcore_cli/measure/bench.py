@@ -164,8 +164,8 @@ def _variant_row(variant: Variant, case: Case, worker: WorkerOutcome, mode: str,
     if verdict.status == BUILD_FAIL:
         return BenchRow(variant.name, "variant", BUILD_FAIL, key=key, detail=verdict.detail)
     # a mode timed (or found untimeable) before a later mode crashed or timed out keeps its result
-    if timing := worker.timings(mode):
-        return BenchRow(variant.name, "variant", OK, timing_fields(timing[0]), key=key)
+    if timing := worker.timings(mode):  # detail: a kernel run in place of the preferred one (forward_note)
+        return BenchRow(variant.name, "variant", OK, timing_fields(timing[0]), key=key, detail=timing[0].get("detail", ""))
     if skipped := worker.timing_skips(mode):
         return BenchRow(variant.name, "variant", "SKIP", key=key, detail=f"{mode} mode: {skipped[0]['reason']}")
     if verdict.status != OK:  # TIMEOUT, CRASH
