@@ -211,3 +211,62 @@ def test_sweep_on_two_real_gpus(tmp_path, monkeypatch):
     record = json.loads(saved.read_text())
     assert record["lanes"] >= 2 and len({r["gpu"] for r in record["rows"]}) >= 2
     assert all(r["status"] == "OK" and r["gpu_name"] for r in record["rows"])
+
+
+def test_ctrl_c_stops_every_lane_at_once_and_quietly(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) during a map on two lanes: the caller gets
+    KeyboardInterrupt at once and exits 130, no lane is left running, and no resource-tracker warning about a
+    leaked semaphore is printed (the lanes' pools are shut down before the interpreter exits)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "slow_job.py").write_text(  # each job says it started (a file named by its lane's pid), then sleeps
+        "import os, pathlib, time\n\n"
+        "def slow(x):\n"
+        "    (pathlib.Path(os.environ['FC_TEST_STARTED']) / str(os.getpid())).touch()\n"
+        "    time.sleep(60)\n"
+        "    return x\n"
+    )
+    started = tmp_path / "started"
+    started.mkdir()
+    (tmp_path / "run_map.py").write_text(
+        "import sys\n"
+        "from flashcore_cli.measure.gpus import map_on_gpus\n"
+        "import slow_job\n"
+        "if __name__ == '__main__':\n"
+        "    print('started', flush=True)\n"
+        "    try:\n"
+        "        map_on_gpus(slow_job.slow, list(range(6)), ['0', '1'])\n"
+        "    except KeyboardInterrupt:\n"
+        "        sys.exit(130)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])]),
+           "FC_TEST_STARTED": str(started)}
+    proc = subprocess.Popen([sys.executable, "run_map.py"], cwd=tmp_path, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 120  # both lanes spawned, imported and inside a job (a slow machine: CI)
+        while len(list(started.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(list(started.iterdir())) == 2
+        os.killpg(proc.pid, signal.SIGINT)
+        start = time.monotonic()
+        out, err = proc.communicate(timeout=30)
+        waited = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert waited < 10, waited
+    assert "leaked semaphore" not in err and "Traceback" not in err, err
+    deadline = time.monotonic() + 5  # anything left of the group (a lane, the resource tracker) winds down
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("a process of the interrupted map was still running 5 s after it exited")
