@@ -27,11 +27,8 @@
 // Grouped-query heads and S_kv != S: a CTA of query head h reads K/V head h / (H / H_kv), key tiles run over S_kv
 // and the causal mask is bottom-right (row i sees keys j <= i + S_kv - S); the row LSE is written when asked (the
 // backward, v11_bwd.cu, reads it). Same run beside the build before (H200, cold): 1,8,512,64 8.2 vs 8.2 us,
-// 2,16,4096,64 420.9 vs 430.8, 2,16,4096,128 756.3 vs 767.8. Causal with S > S_kv, a CTA whose rows see no key
-// skips the loop, so the cp.async kernels (D=128; sm_89's D=64) wait for Q_i's copies before staging O over them:
-// without that wait 22 of 2,000 stress launches mismatched on the H200 (the five printed: D=128 causal S > S_kv,
-// max error 4.5-5.6); with it 2,000 of 2,000 passed. The fp16/bf16 split into two translation units (v11_bf16.cu)
-// and the wait left the long-shape times where they were (same run, H200, cold, 2,16,4096,128: 756.8 vs 756.4 us).
+// 2,16,4096,64 420.9 vs 430.8, 2,16,4096,128 756.3 vs 767.8. A CTA that sees no key (causal, S > S_kv) waits for
+// Q_i's copies before staging O over them (docs/ladder.md, "A CTA that sees no key").
 //
 // Configuration (V11Config<D, BLOCK_M, BLOCK_N, WARP_M, STAGES, SPLIT, MIN_BLOCKS>; tune space: variants.yaml):
 //   slot         used when                          D  BLOCK_M BLOCK_N WARP_M STAGES SPLIT MIN warps  smem
@@ -52,10 +49,7 @@
 // 2,16,4096,64 (457 vs 441 us, a ptxas schedule); K and V by TMA in the long D=64 kernel won it back (433-436
 // us). Five other exact forms, their costs and the schedule study: docs/ladder.md, "Accuracy".
 //
-// ptxas (nvcc 13.0; no static smem, spills or stack), registers sm_90 | sm_89 (v11_fwd_tma, sm_90 only: long
-// <64, 128, 64, 32, 2, 1, 2> 221, short <64, 32, 64, 16, 3, 2, 1> 174):
-//   v11_fwd<64, 128, 64, 32, 2, 1, 2>  226 | 219 (2 CTAs/SM)   v11_fwd<64, 32, 32, 16, 3, 4, 1>   136 | 125
-//   v11_fwd<128, 128, 48, 32, 2, 1, 2> 254 | 252 (2 CTAs/SM)   v11_fwd<128, 32, 16, 16, 2, 4, 1>  181 | 174
+// ptxas: no static smem, spills or stack (`flashcore ptxas v11`; registers per kernel: docs/ladder.md).
 // Measured (H200, `flashcore bench`, L2 flushed, blocking start; the record docs/results/h200.json, and
 // runs of this build beside the build before the l_i change, which reads v11b):
 //   shape              v11                     SDPA default   SDPA flash (FA2)
@@ -64,13 +58,10 @@
 //   2,16,4096,64       433-436 us, 315-318 TFLOP/s; v11b 436  462 TFLOP/s   294  (cp.async: 456-460 us)
 //     causal           230 us, 298 TFLOP/s; v11b 234          368          233  (cp.async: 244 us)
 //   2,16,4096,128      359 TFLOP/s (bf16 360)     639 (661)   346 (341)  1.04x FA2 (bf16 1.06x)
-// Where the 1,8,512,64 time goes (docs/ladder.md: timelines, ablations, floor study): an empty kernel ~3.5 us;
-// loads, merge and the mma work with no softmax at all 7.2-7.3 (0.61x of SDPA); v11's softmax ~1.5 us more.
-// Tried and not kept (H200, 1,8,512,64; details in docs/ladder.md): clusters along the keys merged by DSMEM
-// 10.0-13.3 us vs 8.8; clusters of 2 / 4 / 8 query tiles sharing K/V by TMA multicast 9.8 / 11.6 / 12.4 vs 8.1;
-// tensor maps prefetched, prologue TMA before the CTA barrier 8.1-8.2 vs 8.1-8.2; the cp.async short kernel on
-// sm_90 9.4 vs 9.1; next S before this softmax (cp.async) 10.6 vs 9.5; wider TMA tiles 8.3-8.7 (over the L4's
-// 99 KB); 16-row CTAs two per SM 9.0-9.3; FlashAttention-4's lazy rescale (never faster, 1.75x FA2's error).
+// Where the 1,8,512,64 time goes (timelines, ablations, the floor): docs/ladder.md.
+// Tried and not kept (H200, 1,8,512,64; each with its figures in docs/ladder.md): clusters along the keys (DSMEM
+// merge) and of query tiles (TMA multicast), tensor-map prefetch, cp.async short kernel on sm_90, next S before
+// this softmax, wider TMA tiles, 16-row CTAs two per SM, FlashAttention-4's lazy rescale: none beat the kept kernels.
 #include "flashcore.h"
 #include "v11_kernels.cuh"
 

@@ -11,9 +11,7 @@
 // stages O in a tile of its own and stores it by TMA). Parts: v12_traits.cuh (configurations), tile_scheduler_sm90.cuh
 // (the work list and its planner), consumer_sm90.cuh (softmax, GEMMs), mainloop_fwd_sm90.cuh (the kernel and its
 // roles: producer, relay_turns, mainloop, consumer), epilogue_fwd_sm90.cuh (O and the LSE stored); this file launches
-// it. Primitives: hopper.cuh, tma.cuh. Composed of named roles (code moved; SASS the same but for a few compares
-// and NOPs), same run beside the build before (H200, cold): 1,8,512,64 9.2 vs 9.3 us, 2,16,4096,64 280.2 vs 282.6,
-// 2,16,4096,128 409.0 vs 408.8, 1,16,16384,64 2112.8 vs 2111.3.
+// it. Primitives: hopper.cuh, tma.cuh. (The split into roles, measured beside the build before: docs/ladder.md.)
 //
 // Change from v11 (mma.sync, every warp loads and computes): wgmma (HGMMA) instead of HMMA + ldmatrix, TMA
 // instead of cp.async, producer/consumer roles (the seeds' v9 and v10 ideas) on the hardware made for them.
@@ -30,12 +28,7 @@
 // and with 3 the list may end each head with 128-row items run by two: plan_d64 replays the rounds for each
 // candidate list and keeps the one whose busiest CTA finishes first; 1 consumer and 4 slots when the grid is
 // one wave of 64-row items (short sequences, below).
-// ptxas (nvcc 13.0, sm_90a; 0 spills, 0 stack, 1 CTA/SM; the __half and __nv_bfloat16 kernels alike), template
-// <D, keys per tile, consumers, slots>:
-//   v12_fwd<64, 128, 2, 2>   168 regs at entry (producer 24, consumers 240)  129.1 KB dynamic smem, 384 threads
-//   v12_fwd<64, 128, 3, 2>   128 regs at entry (producer 32, consumers 160)  145.1 KB, 512 threads
-//   v12_fwd<64, 128, 1, 4>   240 regs at entry (producer 24, consumer 240)   209.1 KB, 256 threads
-//   v12_fwd<128, 128, 2, 2>  168 regs at entry (producer 24, consumers 240)  225.1 KB, 384 threads
+// ptxas (`flashcore ptxas v12`): 0 spills, 0 stack, 1 CTA/SM; producer 24-32 registers, consumers 160-240.
 //
 // Run:  flashcore test v12 && flashcore bench v12 --shape 2,16,4096,128 && flashcore sass v12
 //
@@ -49,22 +42,14 @@
 //   1,16,16384,64      508-520       458-472                 300-306           1.10-1.12x
 //     causal           484-542       438-453                 279-281           1.10-1.21x
 //   1,8,512,64         9.1-9.2 us    10.9-11.0 us            13.9-14.5 us      0.83x of SDPA's time
-// Steps (TFLOP/s at 2,16,4096,64 | causal | 2,16,4096,128 | causal; docs/ladder.md): one CTA per tile 421 | 348
-// | 630 | 513; mixed 192/128-row lists 449 | 345 | 634 | 526; persistent CTAs 482-486 | 350 | 657 | 520; every
-// consumer takes every turn 490 | 345 | 650 | 523; snake rounds 488 | 389 | 650 | 574; TMA-store epilogue
-// 494 | 394 | 646.
+// The steps that got it here, with their figures: docs/ladder.md.
 // Short sequences (D=64, one wave of 64-row items): one consumer per CTA, 64-row items, 4 ring slots (a 512-key
 // head's K and V all in flight at once), no turns, its first loads issued before the ones panels are written:
 // 1,8,512,64 9.1-9.2 us (two 128-row consumers: 10.7-10.9; graph 6.2 vs 8.2). Past one wave it loses (2,8,1024,64:
 // 21.6 vs 16.8 us). v11's split-key kernel (8.0-8.1 us) stays the fastest rung there; the 0.6x target is not met
 // (docs/ladder.md: the steps, ncu figures and the floor).
 //
-// ncu on the committed build: D=128 421 us, tensor pipe 79.5% active, top stalls wait 2.45, long scoreboard 0.86,
-// barrier 0.60 per instruction (a tie with cuDNN, not a margin); D=64 280 us, tensor pipe 59.6%.
-// Where the time went at D=64 (ncu, first version): ALU the busiest pipe, 60% issue slots busy against cuDNN's
-// 51%; the masked/unmasked split and the ones columns took the tile from 810 to ~520 SASS instructions. A 192-row
-// item takes 1.32-1.37x a 128-row one (3 consumers keep the tensor pipe fed through the softmax), which is why
-// D=64 prefers them once the rounds come out even.
+// ncu: D=128 tensor pipe 79.5% active (a tie with cuDNN, not a margin), D=64 59.6% (docs/ladder.md).
 //
 // Tried and not kept (TFLOP/s, same run as the baseline beside it):
 //   - exponent exact by rounding S * c first (FMUL + FADD per element): 379 vs 396 at D=64, 565 vs 606 at D=128.
