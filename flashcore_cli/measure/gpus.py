@@ -42,10 +42,6 @@ def visible_gpus() -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip().isdigit()]
 
 
-# How long an interrupted map waits for its lanes to wind down (they got the same SIGINT) before it gives up.
-_INTERRUPT_GRACE_S = 5.0
-
-
 def _pin(gpu: str) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = gpu
 
@@ -106,17 +102,8 @@ def map_on_gpus(fn, jobs: list, gpus: list[str], on_done=None) -> list:
     threads = [threading.Thread(target=lane, args=(g,), daemon=True) for g in gpus[: len(jobs)]]
     for t in threads:
         t.start()
-    try:
-        for t in threads:
-            t.join()
-    except KeyboardInterrupt:
-        # Ctrl-C reached the lanes too (one process group): their pools break, each lane thread returns and shuts
-        # its pool down, so no semaphore is left for the resource tracker to warn about; no new job starts.
-        with lock:
-            pending.clear()
-        for t in threads:
-            t.join(timeout=_INTERRUPT_GRACE_S)
-        raise
+    for t in threads:
+        t.join()
     if failures:
         raise failures[0]
     for index in pending:  # every lane died before these ran
