@@ -4,15 +4,19 @@
     out = attn(q, k, v, causal=False, scale=None)        # q [B, H, S, D]; k, v [B, H_kv, S_kv, D]; CUDA fp16/bf16
     out, lse = attn(q, k, v, return_lse=True)            # lse: fp32 [B, H, S], natural log (variants with `lse`)
     out.sum().backward()                                 # dq, dk, dv through the variant's backward
-    out, lse = torch.ops.flashcore.v11(q, k, v, causal=True)  # the same kernel as a PyTorch custom op
+    out, lse, _ = torch.ops.flashcore.v11(q, k, v, causal=True)  # the same kernel as a PyTorch custom op
 
 Each variant is a custom op, flashcore::<name>, with the schema
-    (Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> (Tensor out, Tensor lse)
-(lse is an empty tensor for a variant without the `lse` feature), a fake (meta) implementation that gives the
-outputs' shapes, dtypes and devices, a CUDA implementation that calls the variant's built extension, and an
-autograd formula (register_autograd). A variant with a backward also has flashcore::<name>_backward
+    (Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, bool training=True)
+        -> (Tensor out, Tensor lse, Tensor out_residual)
+(lse is an empty tensor for a variant without the `lse` feature; out_residual, for a variant with a backward
+when `training`, is O's rounding residual, the fp32 O minus `out`, which the backward adds back so that its
+D = rowsum(dO o O) comes from the fp32 O: at near-one-hot rows that keeps dQ and dK 2-10x closer to the exact
+gradient than D from the rounded O; empty otherwise), a fake (meta) implementation that gives the outputs'
+shapes, dtypes and devices, a CUDA implementation that calls the variant's built extension, and an autograd
+formula (register_autograd). A variant with a backward also has flashcore::<name>_backward
     (Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float? scale,
-     Tensor? grad_lse) -> (Tensor dq, Tensor dk, Tensor dv)
+     Tensor? grad_lse, Tensor? out_residual) -> (Tensor dq, Tensor dk, Tensor dv)
 which the formula calls; a forward-only variant's formula raises FlashcoreUnsupportedError naming it, so a
 gradient never silently stops at a flashcore kernel. So torch.compile traces a model — and its training step —
 that calls it with no graph break, and CUDA graphs capture it. The ops are registered without building anything
@@ -38,9 +42,9 @@ from flashcore_cli.core.errors import FlashcoreEnvironmentError, FlashcoreInputE
 from flashcore_cli.registry.variants import Variant, load_registry
 
 NAMESPACE = "flashcore"
-SCHEMA = "(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> (Tensor, Tensor)"
+SCHEMA = "(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, bool training=True) -> (Tensor, Tensor, Tensor)"
 BACKWARD_SCHEMA = ("(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float? scale, "
-                   "Tensor? grad_lse) -> (Tensor, Tensor, Tensor)")  # fmt: skip
+                   "Tensor? grad_lse, Tensor? out_residual) -> (Tensor, Tensor, Tensor)")  # fmt: skip
 TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}  # registry name -> torch.<name>
 
 
@@ -92,16 +96,18 @@ def register_op(variant: Variant):
             entry.module = _build(entry.variant, f"sm_{major}{minor}", force=False).module
         return entry.module
 
-    def fake(q, k, v, causal=False, scale=None):
+    def fake(q, k, v, causal=False, scale=None, training=True):
         check_inputs(entry.variant, q, k, v, causal)
-        return torch.empty_like(q), _lse_like(entry.variant, q)
+        return torch.empty_like(q), _lse_like(entry.variant, q), _residual_like(entry.variant, q, training)
 
-    def cuda(q, k, v, causal=False, scale=None):
+    def cuda(q, k, v, causal=False, scale=None, training=True):
         check_inputs(entry.variant, q, k, v, causal)
         module = module_for(q)
+        if training and entry.variant.supports("backward"):
+            return module.forward_train(q, k, v, causal, scale)
         if entry.variant.supports("lse"):
-            return module.forward_lse(q, k, v, causal, scale)
-        return module.forward(q, k, v, causal, scale, None), _lse_like(entry.variant, q)
+            return *module.forward_lse(q, k, v, causal, scale), _residual_like(entry.variant, q, False)
+        return module.forward(q, k, v, causal, scale, None), _lse_like(entry.variant, q), _residual_like(entry.variant, q, False)
 
     _LIBRARY.define(name + SCHEMA)
     _LIBRARY.impl(name, cuda, "CUDA")
@@ -109,36 +115,38 @@ def register_op(variant: Variant):
 
     if variant.supports("backward"):
 
-        def backward_fake(grad_out, q, k, v, out, lse, causal, scale, grad_lse):
+        def backward_fake(grad_out, q, k, v, out, lse, causal, scale, grad_lse, out_residual):
             return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
-        def backward_cuda(grad_out, q, k, v, out, lse, causal, scale, grad_lse):
-            return module_for(q).backward(grad_out, q, k, v, out, lse, causal, scale, grad_lse)
+        def backward_cuda(grad_out, q, k, v, out, lse, causal, scale, grad_lse, out_residual):
+            return module_for(q).backward(grad_out, q, k, v, out, lse, causal, scale, grad_lse, out_residual)
 
         _LIBRARY.define(name + "_backward" + BACKWARD_SCHEMA)
         _LIBRARY.impl(name + "_backward", backward_cuda, "CUDA")
         torch.library.register_fake(f"{NAMESPACE}::{name}_backward", backward_fake, lib=_LIBRARY)
 
     def setup_context(ctx, inputs, output):
-        q, k, v, causal, scale = inputs
-        out, lse = output
+        q, k, v, causal, scale, _training = inputs
+        out, lse, residual = output
         ctx.set_materialize_grads(False)  # an unused lse gets no gradient (None), not a tensor of zeros
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mark_non_differentiable(residual)  # the backward's aid, not a function of q, k, v to differentiate
+        ctx.save_for_backward(q, k, v, out, lse, residual)
         ctx.causal, ctx.scale = causal, scale
 
-    def backward(ctx, grad_out, grad_lse):
+    def backward(ctx, grad_out, grad_lse, _grad_residual):
         if not entry.variant.supports("backward"):
             raise FlashcoreUnsupportedError(
                 f"{entry.variant.name} is forward-only: it has no backward, so no gradient can flow through it "
                 "(`flashcore list` shows the variants with one; or call it on detached tensors)"
             )
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, residual = ctx.saved_tensors
         if grad_out is None:
             grad_out = torch.zeros_like(out)
         op = getattr(getattr(torch.ops, NAMESPACE), name + "_backward")
         dq, dk, dv = op(grad_out.contiguous(), q, k, v, out, lse, ctx.causal, ctx.scale,
-                        None if grad_lse is None else grad_lse.contiguous())  # fmt: skip
-        return dq, dk, dv, None, None
+                        None if grad_lse is None else grad_lse.contiguous(),
+                        residual if residual.numel() else None)  # fmt: skip
+        return dq, dk, dv, None, None, None
 
     torch.library.register_autograd(f"{NAMESPACE}::{name}", backward, setup_context=setup_context, lib=_LIBRARY)
     return getattr(getattr(torch.ops, NAMESPACE), name)
@@ -150,6 +158,12 @@ def _lse_like(variant: Variant, q):
 
     shape = tuple(q.shape[:3]) if variant.supports("lse") else (0,)
     return q.new_empty(shape, dtype=torch.float32)
+
+
+def _residual_like(variant: Variant, q, training: bool):
+    """The op's third output: like q where a training forward of a variant with a backward writes O's rounding
+    residual, else empty."""
+    return q.new_empty(q.shape if training and variant.supports("backward") else (0,))
 
 
 def check_inputs(variant: Variant, q, k, v, causal: bool, out=None) -> None:
@@ -231,17 +245,18 @@ class Attention:
             raise FlashcoreUnsupportedError(f"{self.name} does not compute the row log-sum-exp (it has no 'lse' feature)")
         scale = None if scale is None else float(scale)
         causal = bool(causal)
-        if torch.compiler.is_compiling():  # traced: the fake impl checks what fake tensors can show
-            result = self.op(q, k, v, causal, scale)
-            return result if return_lse else result[0]
+        # a call that records a gradient runs the training forward (out_residual for the backward)
         grad = torch.is_grad_enabled() and (_requires_grad(q) or _requires_grad(k) or _requires_grad(v))
+        if torch.compiler.is_compiling():  # traced: the fake impl checks what fake tensors can show
+            result = self.op(q, k, v, causal, scale, grad)
+            return result[:2] if return_lse else result[0]
         if out is not None and (grad or return_lse):
             raise FlashcoreInputError(f"{self.name}: out= records no gradient and returns no lse; call without out")
         if grad or self._module is None or not _plain_cuda(q):
             check_inputs(self.variant, q, k, v, causal, out)
             self._check_alignment(q, k, v, out)
-            result = self.op(q, k, v, causal, scale)
-            return result if return_lse else result[0]
+            result = self.op(q, k, v, causal, scale, grad)
+            return result[:2] if return_lse else result[0]
         if q.shape[3] not in self._head_dims:  # the one registry fact the binding does not check itself
             check_inputs(self.variant, q, k, v, causal, out)
         try:
@@ -251,16 +266,27 @@ class Attention:
         except (ValueError, TypeError) as exc:  # the binding's checks: one line, naming the variant
             raise FlashcoreInputError(f"{self.name}: {str(exc).splitlines()[0]}") from None
 
+    def forward_train(self, q, k, v, causal: bool = False, scale: float | None = None):
+        """(out, lse, out_residual): the forward a training step runs (what the autograd formula saves), straight
+        from the extension; out_residual (O's rounding residual) goes to backward() with out and lse."""
+        if not self.variant.supports("backward"):
+            raise FlashcoreUnsupportedError(f"{self.name} is forward-only: it has no training forward")
+        try:
+            return self._module.forward_train(q, k, v, bool(causal), None if scale is None else float(scale))
+        except (ValueError, TypeError) as exc:
+            raise FlashcoreInputError(f"{self.name}: {str(exc).splitlines()[0]}") from None
+
     def backward(self, grad_out, q, k, v, out, lse, causal: bool = False, scale: float | None = None, grad_lse=None,
-                 into=None):  # fmt: skip
+                 out_residual=None, into=None):  # fmt: skip
         """(dq, dk, dv) of one forward call straight from the extension (what the autograd formula runs), into
-        the given (dq, dk, dv) tensors when `into` names them (a check poisons them first)."""
+        the given (dq, dk, dv) tensors when `into` names them (a check poisons them first). out_residual: the
+        training forward's (forward_train); without it D = rowsum(dO o O) is taken from the rounded O."""
         if not self.variant.supports("backward"):
             raise FlashcoreUnsupportedError(f"{self.name} is forward-only: it has no backward")
         dq, dk, dv = into if into is not None else (None, None, None)
         try:
             return self._module.backward(grad_out, q, k, v, out, lse, bool(causal), None if scale is None else float(scale),
-                                         grad_lse, dq, dk, dv)  # fmt: skip
+                                         grad_lse, out_residual, dq, dk, dv)  # fmt: skip
         except (ValueError, TypeError) as exc:
             raise FlashcoreInputError(f"{self.name}: {str(exc).splitlines()[0]}") from None
 

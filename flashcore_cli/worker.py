@@ -80,7 +80,8 @@ def _modes(request: WorkRequest) -> list[str]:
 
 def variant_call(attn, case: Case, passes: str):
     """The zero-argument call a timing of `passes` (fwd, bwd or fwd+bwd) repeats, on the case's inputs: the
-    forward into a preallocated output; the backward from a saved forward (o, lse) into preallocated gradients."""
+    forward into a preallocated output; the backward from a saved training forward (o, lse, out_residual) into
+    preallocated gradients; fwd+bwd, the training forward and the backward."""
     import torch
 
     from flashcore_cli.check.case import grad_output, make_inputs
@@ -92,12 +93,12 @@ def variant_call(attn, case: Case, passes: str):
     d_o = grad_output(case)
     grads = [torch.empty_like(t) for t in (q, k, v)]
     if passes == "bwd":
-        o, lse = attn(q, k, v, causal=case.causal, return_lse=True)
-        return lambda: attn.backward(d_o, q, k, v, o, lse, causal=case.causal, into=grads)
+        o, lse, residual = attn.forward_train(q, k, v, causal=case.causal)
+        return lambda: attn.backward(d_o, q, k, v, o, lse, causal=case.causal, out_residual=residual, into=grads)
 
     def forward_backward():
-        o, lse = attn(q, k, v, causal=case.causal, return_lse=True)
-        return attn.backward(d_o, q, k, v, o, lse, causal=case.causal, into=grads)
+        o, lse, residual = attn.forward_train(q, k, v, causal=case.causal)
+        return attn.backward(d_o, q, k, v, o, lse, causal=case.causal, out_residual=residual, into=grads)
 
     return forward_backward
 
@@ -207,9 +208,9 @@ def task_launch(request: WorkRequest, events: Events) -> None:
     try:
         for _ in range(request.calls):
             if backward:
-                out, lse = attn(q, k, v, causal=case.causal, return_lse=True)
+                out, lse, residual = attn.forward_train(q, k, v, causal=case.causal)
                 grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-                attn.backward(grad_output(case), q, k, v, out, lse, causal=case.causal, into=grads)
+                attn.backward(grad_output(case), q, k, v, out, lse, causal=case.causal, out_residual=residual, into=grads)
             else:
                 attn(q, k, v, causal=case.causal, out=out)
         torch.cuda.synchronize()

@@ -84,22 +84,29 @@ FlashcoreParams params(const torch::Tensor& q, const torch::Tensor& k, const tor
   p.causal = causal;
   p.lse = lse;
   p.workspace = nullptr;
+  p.o_residual = nullptr;
   return p;
 }
 
-// o (into `out` when given) and, when want_lse, the row log-sum-exp [B, H, S] fp32.
-std::tuple<torch::Tensor, torch::Tensor> run_forward(const torch::Tensor& q, const torch::Tensor& k,
-                                                     const torch::Tensor& v, bool causal, c10::optional<double> scale,
-                                                     const c10::optional<torch::Tensor>& out, bool want_lse) {
+// o (into `out` when given), the row log-sum-exp [B, H, S] fp32 when want_lse, and O's rounding residual
+// (flashcore.h's o_residual) when want_residual; the tensors not asked for are undefined.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> run_forward(const torch::Tensor& q, const torch::Tensor& k,
+                                                                    const torch::Tensor& v, bool causal,
+                                                                    c10::optional<double> scale,
+                                                                    const c10::optional<torch::Tensor>& out,
+                                                                    bool want_lse, bool want_residual) {
   check_problem(q, k, v);
   if (out.has_value()) check_same(*out, "out", q, "q", q);
   TORCH_CHECK_VALUE(!want_lse || has(kFlashcoreLse), "the row log-sum-exp is not computed by this variant");
+  TORCH_CHECK_VALUE(!want_residual || has(kFlashcoreBackward), "this variant is forward-only: it has no training forward");
   const c10::cuda::CUDAGuard guard(q.device());
   auto o = out.has_value() ? *out : torch::empty_like(q);
-  torch::Tensor lse;
+  torch::Tensor lse, residual;
   if (want_lse) lse = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(torch::kFloat));
-  if (q.numel() == 0) return {o, lse};
+  if (want_residual) residual = torch::empty_like(q);
+  if (q.numel() == 0) return {o, lse, residual};
   FlashcoreParams p = params(q, k, v, o, causal, scale, want_lse ? lse.data_ptr<float>() : nullptr);
+  p.o_residual = want_residual ? residual.data_ptr() : nullptr;
   const size_t bytes = flashcore_forward_workspace(p);
   torch::Tensor workspace;
   if (bytes > 0) {
@@ -108,25 +115,35 @@ std::tuple<torch::Tensor, torch::Tensor> run_forward(const torch::Tensor& q, con
   }
   const char* err = flashcore_forward(p, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == nullptr, err);
-  return {o, lse};
+  return {o, lse, residual};
 }
 
 torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,
                       c10::optional<double> scale, c10::optional<torch::Tensor> out) {
-  return std::get<0>(run_forward(q, k, v, causal, scale, out, false));
+  return std::get<0>(run_forward(q, k, v, causal, scale, out, false, false));
 }
 
 std::tuple<torch::Tensor, torch::Tensor> forward_lse(const torch::Tensor& q, const torch::Tensor& k,
                                                      const torch::Tensor& v, bool causal, c10::optional<double> scale) {
-  return run_forward(q, k, v, causal, scale, c10::nullopt, true);
+  auto [o, lse, residual] = run_forward(q, k, v, causal, scale, c10::nullopt, true, false);
+  return {o, lse};
 }
 
-// dq, dk, dv of one forward call, from dO and what the forward was given and gave (o, lse).
+// The forward a training step runs: o, lse, and O's rounding residual for the backward.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_train(const torch::Tensor& q, const torch::Tensor& k,
+                                                                      const torch::Tensor& v, bool causal,
+                                                                      c10::optional<double> scale) {
+  return run_forward(q, k, v, causal, scale, c10::nullopt, true, true);
+}
+
+// dq, dk, dv of one forward call, from dO and what the forward was given and gave (o, lse, and the residual of
+// o where it was a training forward).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> backward(const torch::Tensor& d_o, const torch::Tensor& q,
                                                                  const torch::Tensor& k, const torch::Tensor& v,
                                                                  const torch::Tensor& o, const torch::Tensor& lse,
                                                                  bool causal, c10::optional<double> scale,
                                                                  const c10::optional<torch::Tensor>& grad_lse,
+                                                                 const c10::optional<torch::Tensor>& out_residual,
                                                                  c10::optional<torch::Tensor> dq_out,
                                                                  c10::optional<torch::Tensor> dk_out,
                                                                  c10::optional<torch::Tensor> dv_out) {
@@ -143,6 +160,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> backward(const torch::Te
                           grad_lse->sizes() == lse.sizes(),
                       "grad_lse must be a contiguous float32 tensor shaped like lse ", lse.sizes());
   }
+  if (out_residual.has_value()) check_same(*out_residual, "out_residual", q, "q", q);
   if (dq_out.has_value()) check_same(*dq_out, "dq", q, "q", q);
   if (dk_out.has_value()) check_same(*dk_out, "dk", k, "k", q);
   if (dv_out.has_value()) check_same(*dv_out, "dv", v, "v", q);
@@ -157,6 +175,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> backward(const torch::Te
   }
   FlashcoreBackwardParams b;
   b.fwd = params(q, k, v, o, causal, scale, const_cast<float*>(lse.data_ptr<float>()));
+  b.fwd.o_residual = out_residual.has_value() ? out_residual->data_ptr() : nullptr;
   b.d_o = reinterpret_cast<const __half*>(d_o.data_ptr());
   b.dq = reinterpret_cast<__half*>(dq.data_ptr());
   b.dk = reinterpret_cast<__half*>(dk.data_ptr());
@@ -187,11 +206,15 @@ static void define_module(py::module_& m) {
         py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("out") = py::none());
   m.def("forward_lse", &forward_lse, "attention forward that also returns the row log-sum-exp (fp32 [B, H, S])",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none());
-  m.def("backward", &backward, "attention backward: (dq, dk, dv) from grad_out, q, k, v, out, lse (into dq, dk, dv when given)",
+  m.def("forward_train", &forward_train,
+        "the forward a training step runs: (out, lse, out_residual), the last O's rounding residual for the backward",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none());
+  m.def("backward", &backward,
+        "attention backward: (dq, dk, dv) from grad_out, q, k, v, out, lse [, out_residual] (into dq, dk, dv when given)",
         py::arg("grad_out"),
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("causal") = false,
-        py::arg("scale") = py::none(), py::arg("grad_lse") = py::none(), py::arg("dq") = py::none(),
-        py::arg("dk") = py::none(), py::arg("dv") = py::none());
+        py::arg("scale") = py::none(), py::arg("grad_lse") = py::none(), py::arg("out_residual") = py::none(),
+        py::arg("dq") = py::none(), py::arg("dk") = py::none(), py::arg("dv") = py::none());
   m.def("dtypes", &flashcore_dtypes, "the element types the launcher takes: a mask of 1 << (0: fp16, 1: bf16)");
   m.def("max_seq_len", &flashcore_max_seq_len, "the most query rows the launcher takes (0: any)");
   m.def("features", &flashcore_features, "what else it supports: a mask of 1 << (0: gqa, 1: seqlen_kv, 2: lse, 3: backward)");

@@ -13,11 +13,22 @@
 
 namespace fc {
 
-// O_i = diag(1 / l_i) O_i for one warp's kWarpM rows: staged as fp16 in rows tile_row0.. of a swizzled tile
-// that only this warp reads, then written to rows row0.. of o ([S, D]) with 16-byte coalesced stores; rows at
-// or past seq_len are not written.
+// O's value in the element type, or (kResidual) its rounding residual: what fp32 O loses when rounded to T, so
+// that O + residual gives the backward the fp32 O (flashcore.h's o_residual).
+template <class T, bool kResidual>
+__device__ __forceinline__ uint32_t pack_output(float lo, float hi) {
+  if constexpr (kResidual) return Element<T>::pack(lo - Element<T>::round(lo), hi - Element<T>::round(hi));
+  return Element<T>::pack(lo, hi);
+}
+
+// O_i = diag(1 / l_i) O_i for one warp's kWarpM rows: staged as T in rows tile_row0.. of a swizzled tile that
+// only this warp reads, then written to rows row0.. of o ([S, D]) with 16-byte coalesced stores; rows at or past
+// seq_len are not written. A training forward (residual not nullptr) also writes O's rounding residual to the
+// same rows of `residual`, straight from the fragments (4-byte stores: staging it too would keep O_i live past
+// the first copy, and the D = 128 kernel has no registers left for that).
 template <class Cfg, class T = __half>
-__device__ __forceinline__ void store_warp_rows(unsigned char* tile, int tile_row0, __half* o, int row0, int seq_len,
+__device__ __forceinline__ void store_warp_rows(unsigned char* tile, int tile_row0, __half* o, __half* residual,
+                                                int row0, int seq_len,
                                                 const float (&o_acc)[Cfg::kMTiles][Cfg::kDTiles][4],
                                                 const float (&l_i)[Cfg::kMTiles][2], int lane) {
   const int g = lane >> 2;   // fragment row (and row + 8)
@@ -29,10 +40,15 @@ __device__ __forceinline__ void store_warp_rows(unsigned char* tile, int tile_ro
     for (int h = 0; h < 2; ++h) {
       const float inv_l = l_i[mt][h] > 0.f ? 1.f / l_i[mt][h] : 0.f;
       const int row = tile_row0 + mt * 16 + g + 8 * h;
+      const int out_row = row0 + mt * 16 + g + 8 * h;
 #pragma unroll
       for (int d = 0; d < Cfg::kDTiles; ++d) {
-        *reinterpret_cast<uint32_t*>(tile + swizzle(row, d, Cfg::kRowBytes) + 4 * tq) =
-            Element<T>::pack(o_acc[mt][d][2 * h] * inv_l, o_acc[mt][d][2 * h + 1] * inv_l);
+        const float lo = o_acc[mt][d][2 * h] * inv_l, hi = o_acc[mt][d][2 * h + 1] * inv_l;
+        *reinterpret_cast<uint32_t*>(tile + swizzle(row, d, Cfg::kRowBytes) + 4 * tq) = pack_output<T, false>(lo, hi);
+        if (residual != nullptr && out_row < seq_len) {
+          *reinterpret_cast<uint32_t*>(residual + static_cast<size_t>(out_row) * Cfg::kHeadDim + 8 * d + 2 * tq) =
+              pack_output<T, true>(lo, hi);
+        }
       }
     }
   __syncwarp();
@@ -126,10 +142,11 @@ __device__ __forceinline__ float merge_parts(int n, Stat stat, Row row, int c, f
 
 // The split CTA's output, once every group's partials are in stats / o_part (store_partials, then a
 // barrier): one thread per (row, 8 columns) merges the kSplit groups, normalises and writes 16 bytes of
-// rows m0.. of o ([S, D]); rows at or past seq_len are not written.
+// rows m0.. of o ([S, D]), and of its rounding residual where residual is not nullptr; rows at or past
+// seq_len are not written.
 template <class Cfg, class T = __half>
-__device__ __forceinline__ void merge_split_rows(const float2* stats, const float* o_part, __half* o, int m0,
-                                                 int seq_len, int tid) {
+__device__ __forceinline__ void merge_split_rows(const float2* stats, const float* o_part, __half* o, __half* residual,
+                                                 int m0, int seq_len, int tid) {
   constexpr int kBlockChunks = Cfg::kBlockM * Cfg::kChunks;
   for (int i = tid; i < kBlockChunks; i += Cfg::kThreads) {
     const int r = i / Cfg::kChunks;
@@ -141,12 +158,16 @@ __device__ __forceinline__ void merge_split_rows(const float2* stats, const floa
         Cfg::kSplit, [&](int sg) { return stats[sg * Cfg::kBlockM + r]; },
         [&](int sg) { return o_part + (sg * Cfg::kBlockM + r) * Cfg::kOStride; }, c, l_all, acc);
     const float inv_l = l_all > 0.f ? 1.f / l_all : 0.f;
-    uint4 out;
-    out.x = Element<T>::pack(acc[0] * inv_l, acc[1] * inv_l);
-    out.y = Element<T>::pack(acc[2] * inv_l, acc[3] * inv_l);
-    out.z = Element<T>::pack(acc[4] * inv_l, acc[5] * inv_l);
-    out.w = Element<T>::pack(acc[6] * inv_l, acc[7] * inv_l);
-    *reinterpret_cast<uint4*>(o + static_cast<size_t>(m0 + r) * Cfg::kHeadDim + c * 8) = out;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] *= inv_l;
+    const size_t at = static_cast<size_t>(m0 + r) * Cfg::kHeadDim + c * 8;
+    *reinterpret_cast<uint4*>(o + at) = make_uint4(pack_output<T, false>(acc[0], acc[1]), pack_output<T, false>(acc[2], acc[3]),
+                                                   pack_output<T, false>(acc[4], acc[5]), pack_output<T, false>(acc[6], acc[7]));
+    if (residual != nullptr) {
+      *reinterpret_cast<uint4*>(residual + at) =
+          make_uint4(pack_output<T, true>(acc[0], acc[1]), pack_output<T, true>(acc[2], acc[3]),
+                     pack_output<T, true>(acc[4], acc[5]), pack_output<T, true>(acc[6], acc[7]));
+    }
   }
 }
 

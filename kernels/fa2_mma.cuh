@@ -24,8 +24,8 @@
 
 namespace fc {
 
-// What changes with the element type: the mma's input type, the rounding of fp32 into a 16-bit pair, and
-// the pair 1.0, 1.0 (the ones column whose product with P gives l_i).
+// What changes with the element type: the mma's input type, the rounding of fp32 into a 16-bit pair (and of
+// one value, back to fp32), and the pair 1.0, 1.0 (the ones column whose product with P gives l_i).
 template <class T>
 struct Element;
 
@@ -36,6 +36,7 @@ struct Element<__half> {
     mma_16816(d, a, b0, b1);
   }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return pack_half2(lo, hi); }
+  static __device__ __forceinline__ float round(float x) { return __half2float(__float2half_rn(x)); }
 };
 
 template <>
@@ -52,6 +53,7 @@ struct Element<__nv_bfloat16> {
     const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&b);
   }
+  static __device__ __forceinline__ float round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 };
 
 // kRows x kChunks 16-byte chunks of a [S, D] slice, rows first_row.., into a swizzled tile. Rows at or past

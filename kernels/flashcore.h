@@ -47,7 +47,8 @@ enum FlashcoreFeature : int {
   kFlashcoreGqa = 1 << 0,       // H_kv < H: grouped-query and multi-query attention
   kFlashcoreSeqLenKv = 1 << 1,  // S_kv != S: decode, chunked prefill
   kFlashcoreLse = 1 << 2,       // writes p.lse when it is not nullptr
-  kFlashcoreBackward = 1 << 3,  // flashcore_backward (implies kFlashcoreLse: the backward reads the forward's)
+  kFlashcoreBackward = 1 << 3,  // flashcore_backward (implies kFlashcoreLse: the backward reads the forward's;
+                                // and the forward writes p.o_residual where it is given)
 };
 
 struct FlashcoreParams {
@@ -66,11 +67,16 @@ struct FlashcoreParams {
   int seq_len_kv;   // S_kv: key/value rows
   float* lse;       // [B, H, S] fp32: log(sum_j exp(S_ij * scale)) per query row (natural log), or nullptr
   void* workspace;  // flashcore_forward_workspace(*this) bytes, 256-byte aligned, contents undefined (or nullptr: 0 bytes)
+  // [B, H, S, D] in the element type, or nullptr: where given, a rung with kFlashcoreBackward writes O's rounding
+  // residual (its fp32 O minus the O it stored) beside O, and its backward adds it back, so that D = rowsum(dO o O)
+  // is taken from the fp32 O (a training forward; what autograd saves)
+  void* o_residual;
 };
 
 // The backward of one forward call: fwd holds what the forward was given and gave (o, lse).
 struct FlashcoreBackwardParams {
-  FlashcoreParams fwd;  // q, k, v, o (the forward's output), lse (its log-sum-exp), shapes, scale, causal, dtype
+  FlashcoreParams fwd;  // q, k, v, o (the forward's output), lse (its log-sum-exp), o_residual (its rounding
+                        // residual, or nullptr), shapes, scale, causal, dtype
   const __half* d_o;    // [B, H, S, D]: dL/dO
   __half* dq;           // [B, H, S, D]
   __half* dk;           // [B, H_kv, S_kv, D]: summed over the H / H_kv query heads that read each K/V head

@@ -14,7 +14,8 @@
 
 #include <cstdint>
 
-// ---- prep: D = rowsum(dO o O) - dLSE, LSE log2 e (padding rows: D = 0, LSE = +inf), dQ accumulator = 0 ----
+// ---- prep: D = rowsum(dO o O) - dLSE (O + its residual where the forward wrote one), LSE log2 e (padding rows:
+// D = 0, LSE = +inf), dQ accumulator = 0 ----
 // One thread per 8 elements of a row; the kChunks threads of a row are consecutive lanes.
 template <int kHeadDim, class T>
 __global__ void __launch_bounds__(256) v11_bwd_prep(FlashcoreBackwardParams b, Workspace w) {
@@ -33,8 +34,17 @@ __global__ void __launch_bounds__(256) v11_bwd_prep(FlashcoreBackwardParams b, W
     const uint4 d_o = *reinterpret_cast<const uint4*>(b.d_o + offset);
     const T* ov = reinterpret_cast<const T*>(&o);
     const T* dv = reinterpret_cast<const T*>(&d_o);
+    float o32[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) dot += static_cast<float>(ov[i]) * static_cast<float>(dv[i]);
+    for (int i = 0; i < 8; ++i) o32[i] = static_cast<float>(ov[i]);
+    if (p.o_residual != nullptr) {  // the fp32 O: D from the O that the kernel's P made, not its rounding
+      const uint4 r = *reinterpret_cast<const uint4*>(static_cast<const __half*>(p.o_residual) + offset);
+      const T* rv = reinterpret_cast<const T*>(&r);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o32[i] += static_cast<float>(rv[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) dot += o32[i] * static_cast<float>(dv[i]);
     float4* acc = reinterpret_cast<float4*>(w.dq_accum + offset);
     acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
     acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);

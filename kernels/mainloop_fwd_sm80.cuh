@@ -56,6 +56,8 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   const __half* __restrict__ k = p.k + kv_base;  // [S_kv, D]
   const __half* __restrict__ v = p.v + kv_base;  // [S_kv, D]
   __half* __restrict__ o = p.o + base;           // [S, D]
+  // [S, D]: O's rounding residual, written only by a training forward
+  __half* residual = p.o_residual != nullptr ? static_cast<__half*>(p.o_residual) + base : nullptr;
 
   unsigned char* q_s = smem;                                                     // [kBlockM][D]
   auto k_stage = [&](int stage) { return smem + Cfg::kQBytes + stage * Cfg::kStageBytes; };  // [kTileN][D]
@@ -258,7 +260,7 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
       }
     }
     // O_i = diag(1 / l_i) O_i, staged as fp16 over this warp's own Q_i rows (only this warp ever reads them).
-    fc::store_warp_rows<Cfg, T>(q_s, row_warp * kWarpM, o, warp_row0, seq_len, o_acc, l_i, lane);
+    fc::store_warp_rows<Cfg, T>(q_s, row_warp * kWarpM, o, residual, warp_row0, seq_len, o_acc, l_i, lane);
     if (p.lse != nullptr) {
       fc::store_warp_lse<Cfg>(p.lse + static_cast<size_t>(bh) * seq_len, warp_row0, seq_len, m_i, l_i, scale_log2, lane);
     }
@@ -272,7 +274,7 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     float* o_part = reinterpret_cast<float*>(smem + Cfg::kStatsBytes);    // [kSplit][kBlockM][kOStride]
     fc::store_partials<Cfg>(stats, o_part, o_acc, m_i, l_i, group, row_warp, scale_log2, lane);
     __syncthreads();
-    fc::merge_split_rows<Cfg, T>(stats, o_part, o, m0, seq_len, tid);
+    fc::merge_split_rows<Cfg, T>(stats, o_part, o, residual, m0, seq_len, tid);
     if (p.lse != nullptr) fc::merge_split_lse<Cfg>(stats, p.lse + static_cast<size_t>(bh) * seq_len, m0, seq_len, tid);
   }
 }

@@ -120,9 +120,12 @@ def test_gpu_autograd_gradients_equal_the_direct_backward_and_pass_the_rule(dtyp
     d_o = torch.randn(shape, generator=gen, device="cuda").to(dtype)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     attn(*leaves, causal=True).backward(d_o)
-    out, lse = attn(q, k, v, causal=True, return_lse=True)
-    direct = attn.backward(d_o, q, k, v, out, lse, causal=True)
+    out, lse, residual = attn.forward_train(q, k, v, causal=True)
+    direct = attn.backward(d_o, q, k, v, out, lse, causal=True, out_residual=residual)
     assert torch.equal(leaves[1].grad, direct[1]) and torch.equal(leaves[2].grad, direct[2])  # dK, dV deterministic
+    # the residual is what fp32 O lost to rounding: at most half an ulp of each element of out, and not all zero
+    ulp = torch.finfo(dtype).eps * out.float().abs().clamp_min(torch.finfo(dtype).tiny)
+    assert (residual.float().abs() <= ulp).all() and residual.abs().max() > 0
     ref_leaves = [t.float().requires_grad_() for t in (q, k, v)]
     reference(*ref_leaves, True, 1 / math.sqrt(shape[-1])).backward(d_o.float())
     sdpa_leaves = [t.clone().requires_grad_() for t in (q, k, v)]

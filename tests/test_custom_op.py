@@ -67,9 +67,12 @@ def test_fake_impl_gives_shape_dtype_device(variant):
     v = REGISTRY.get(variant)
     op = register_op(v)
     q = meta(1, 2, 17, 128, dtype=torch.bfloat16 if "bf16" in v.dtypes else torch.float16)
-    out, lse = op(q, q, q, True, None)
+    out, lse, residual = op(q, q, q, True, None)
     assert (out.shape, out.dtype, out.device.type) == (q.shape, q.dtype, "meta")
     assert (lse.shape, lse.dtype) == ((1, 2, 17) if v.supports("lse") else (0,), torch.float32)
+    # O's rounding residual: written by a training forward of a variant with a backward, and only then
+    assert (residual.shape, residual.dtype) == (q.shape if v.supports("backward") else (0,), q.dtype)
+    assert op(q, q, q, True, None, False)[2].shape == (0,)
 
 
 @pytest.mark.parametrize(

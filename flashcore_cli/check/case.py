@@ -177,11 +177,11 @@ def check_case(attn, case: Case) -> CaseResult:
 
     outputs = {}
     out = torch.full_like(q, float("nan"))  # unwritten elements stay NaN and fail
-    if case.grads:
-        out, lse = attn(q, k, v, causal=case.causal, scale=scale, return_lse=True)
+    if case.grads:  # what a training step runs: the training forward, then the backward from what it saved
+        out, lse, residual = attn.forward_train(q, k, v, causal=case.causal, scale=scale)
         poisoned = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-        outputs["dq"], outputs["dk"], outputs["dv"] = attn.backward(d_o, q, k, v, out, lse, causal=case.causal,
-                                                                    scale=scale, into=poisoned)  # fmt: skip
+        outputs["dq"], outputs["dk"], outputs["dv"] = attn.backward(d_o, q, k, v, out, lse, causal=case.causal, scale=scale,
+                                                                    out_residual=residual, into=poisoned)  # fmt: skip
     else:
         attn(q, k, v, causal=case.causal, scale=scale, out=out)
     torch.cuda.synchronize()
