@@ -24,6 +24,10 @@
 // Splits at the five targets on 132 SMs x 2 (tests/test_decode_split.py): B8 S_kv 8192 -> 4 (256 CTAs),
 // B64 4096 -> 1 (512), B1 131072 -> 33 (264), B16 H64 16384 -> 2 (256), B4 S4 16384 -> 8 (256).
 //
+// Knobs (-D; `flashcore tune decode`, scripts/decode_sweep.sh): DECODE_SPLITS, DECODE_OVERHEAD_TILES and
+// DECODE_KCOMBINE_TILES (the plan, decode_split.cuh), DECODE_RING_KB and DECODE_MIN_BLOCKS (below); each
+// default builds the kernels described here, SASS unchanged.
+//
 // Run:  flashcore test decode && flashcore bench decode --shape 8,32:8,1:8192,128
 //       (also 64,32:8,1:4096,128  1,32:8,1:131072,128  16,64:8,1:16384,128  4,32:8,4:16384,128)
 //
@@ -57,8 +61,16 @@
 #include <cstdio>
 #include <type_traits>
 
+// Knobs for `flashcore tune decode` (-DNAME=value; the split knobs are in decode_split.cuh); defaults: shipped.
+#ifndef DECODE_RING_KB
+#define DECODE_RING_KB 96  // the K/V ring per CTA in KB, stages = ring / stage bytes >= 2 (shipped: 96)
+#endif
+#ifndef DECODE_MIN_BLOCKS
+#define DECODE_MIN_BLOCKS 2  // __launch_bounds__ min CTAs per SM, and the plan's cap on CTAs per SM (shipped: 2)
+#endif
+
 constexpr int kMaxSmemBytes = 101376;  // the L4's 99 KB opt-in limit per block
-constexpr int kRingBytes = 96 * 1024;  // K/V stages per CTA: two CTAs fit an H100's 228 KB, one the L4's 99 KB
+constexpr int kRingBytes = DECODE_RING_KB * 1024;  // 96 KB: two CTAs fit an H100's 228 KB, one the L4's 99 KB
 constexpr float kLog2e = 1.4426950408889634f;
 
 // The CTA: 16 query rows (Br, one m16 tile), a ring of 64-key stages (Bc), four consumer warps that each
@@ -79,7 +91,7 @@ struct DecodeConfig {
   static constexpr int kConsumerWarps = 4;
   static constexpr int kConsumerThreads = kConsumerWarps * fc::kWarpSize;
   static constexpr int kThreads = kConsumerThreads + fc::kWarpSize;  // + the producer warp
-  static constexpr int kMinBlocks = 2;                                // CTAs per SM the registers must allow
+  static constexpr int kMinBlocks = DECODE_MIN_BLOCKS;                // CTAs per SM the registers must allow
   static constexpr int kWarpKeys = kBlockN / kConsumerWarps;
   static constexpr int kPanels = kHeadDim / 64;  // decode_tile.cuh's panel layout: 64 columns per panel
   static constexpr int kPanelBytes = kBlockN * 128;
@@ -101,7 +113,8 @@ struct DecodeConfig {
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
   static_assert(kWarpKeys == 16, "a consumer warp takes one k16 step of P V per stage");
-  static_assert(kStages >= 2, "one stage computes while the next lands");
+  static_assert(kStages >= 2, "one stage computes while the next lands (DECODE_RING_KB >= 64 at D = 128)");
+  static_assert(kMinBlocks >= 1, "DECODE_MIN_BLOCKS: at least one CTA per SM");
   static_assert(kMergeBytes <= kStages * kStageBytes, "the merge buffers fit in the ring");
   static_assert(kSmemBytes <= kMaxSmemBytes, "shared memory: at most 99 KB per block (the L4's limit)");
 };
@@ -186,8 +199,9 @@ __global__ void __launch_bounds__(fc::decode::kCombineThreads)
 
 // ---- launcher ------------------------------------------------------------------------------------------
 
-// CTAs per SM the split kernel gets: shared memory decides (its registers allow kMinBlocks). Read once from
-// the device; an H100's 228 KB when there is none (a host-only check).
+// CTAs per SM the plan counts on: what shared memory fits, at most kMinBlocks (DECODE_MIN_BLOCKS, the count
+// __launch_bounds__ makes the registers allow). Read once from the device; an H100's 228 KB when there is none
+// (a host-only check).
 template <class Cfg>
 static int ctas_per_sm() {
   static const int ctas = [] {

@@ -12,13 +12,27 @@
 
 #include "flashcore.h"
 
+// Knobs for `flashcore tune decode` (-DNAME=value; variants.yaml's tune block); each default is the shipped value.
+#ifndef DECODE_SPLITS
+#define DECODE_SPLITS 0  // splits per K/V head: 0 = plan_split's cost model (shipped), N > 0 forces N (clamped)
+#endif
+#ifndef DECODE_OVERHEAD_TILES
+#define DECODE_OVERHEAD_TILES 2  // the cost model's kCtaOverheadTiles, in key tiles (shipped: 2)
+#endif
+#ifndef DECODE_KCOMBINE_TILES
+#define DECODE_KCOMBINE_TILES 2  // the cost model's kCombineTiles, in key tiles (shipped: 2)
+#endif
+
 namespace fc::decode {
 
 // The split count's search space and cost model, in units of one key tile streamed by one CTA.
-constexpr int kMinSplitTiles = 4;     // a split streams at least this many tiles (fewer: the fill dominates)
-constexpr int kMaxSplits = 256;       // partials per row the combine reads, at most
-constexpr int kCtaOverheadTiles = 2;  // a CTA's fixed cost: the ring's first fill, Q_i, the merge and its stores
-constexpr int kCombineTiles = 2;      // the combine kernel after a split launch (partials in L2, one more launch)
+constexpr int kMinSplitTiles = 4;  // a split streams at least this many tiles (fewer: the fill dominates)
+constexpr int kMaxSplits = 256;    // partials per row the combine reads, at most
+// a CTA's fixed cost: the ring's first fill, Q_i, the merge and its stores
+constexpr int kCtaOverheadTiles = DECODE_OVERHEAD_TILES;
+constexpr int kCombineTiles = DECODE_KCOMBINE_TILES;  // the combine after a split launch (partials in L2, a launch)
+constexpr int kForcedSplits = DECODE_SPLITS;          // 0: the cost model picks; N > 0: plan_split takes N
+static_assert(kForcedSplits >= 0 && kCtaOverheadTiles >= 0 && kCombineTiles >= 0, "decode knobs are >= 0");
 
 struct Split {
   int kv_heads;         // B * H_kv
@@ -59,7 +73,8 @@ __host__ __device__ inline CtaWork cta_work(const Split& plan, int cta, int bloc
 // wins, ties to the fewer splits. Counts that give the same tiles per split as a smaller one are skipped, so
 // no split is ever empty. E.g. on 132 SMs x 2 (D = 128, 64-key tiles): B 8, H_kv 8, S_kv 8192 -> 4 splits of
 // 32 tiles (256 CTAs, one wave); B 64, S_kv 4096 -> 1 (512 CTAs in two waves beat 1024 in four); B 1, H_kv 8,
-// S_kv 131072 -> 33 splits of 63 tiles (264 CTAs).
+// S_kv 131072 -> 33 splits of 63 tiles (264 CTAs). With DECODE_SPLITS = N > 0 the model is bypassed: N splits,
+// clamped to the tiles and kMaxSplits, then to the most that leave no split empty (kMinSplitTiles not applied).
 __host__ __device__ inline Split plan_split(int kv_heads, int rows, int seq_len_kv, int block_m, int block_n,
                                             int slots) {
   Split plan;
@@ -69,6 +84,12 @@ __host__ __device__ inline Split plan_split(int kv_heads, int rows, int seq_len_
   plan.tiles = ceil_div(seq_len_kv, block_n);
   plan.tiles_per_split = plan.tiles;
   plan.splits = 1;
+  if (kForcedSplits > 0) {
+    const int at_most = plan.tiles < kMaxSplits ? plan.tiles : kMaxSplits;
+    plan.tiles_per_split = ceil_div(plan.tiles, kForcedSplits < at_most ? kForcedSplits : at_most);
+    plan.splits = ceil_div(plan.tiles, plan.tiles_per_split);
+    return plan;
+  }
   const long long groups = static_cast<long long>(kv_heads) * plan.m_blocks;
   const int by_size = plan.tiles / kMinSplitTiles;
   const int most = by_size < 1 ? 1 : by_size < kMaxSplits ? by_size : kMaxSplits;

@@ -2,11 +2,14 @@
 must take every key tile of every (K/V head, m-block) exactly once, no split may be empty, the partial records
 must fit the workspace without overlapping, and the launcher's plan and flashcore_forward_workspace must agree.
 tests/fixtures/hosts/decode_split.cu runs the kernel's own plan_split / cta_work / record_offset /
-workspace_bytes / plan_for; nvcc builds it (no GPU needed)."""
+workspace_bytes / plan_for; nvcc builds it (no GPU needed). The same program built with the tuning knobs
+(-DDECODE_SPLITS=N, DECODE_MIN_BLOCKS, DECODE_RING_KB) checks that a forced split count is obeyed by the
+launcher's plan and the workspace alike, and that the plan counts the CTAs per SM the knobs give."""
 
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 from pathlib import Path
 
@@ -31,6 +34,23 @@ TARGETS = {
 @pytest.fixture(scope="module")
 def split_check(tmp_path_factory):
     return host_check_program(tmp_path_factory, SOURCE, "compute_90")
+
+
+def build_with_knobs(tmp_path_factory, defines: dict[str, int]) -> Path:
+    """The same host program built with -DNAME=value knobs (as `flashcore tune decode` builds the kernel)."""
+    from flashcore_cli.builder.toolchain import find_nvcc
+    from flashcore_cli.core.errors import FlashcoreError
+
+    try:
+        nvcc = find_nvcc()
+    except FlashcoreError:
+        pytest.skip("nvcc is not installed")
+    exe = tmp_path_factory.mktemp("decode_split_knobs") / "decode_split"
+    cmd = [str(nvcc), "-std=c++17", "-gencode", "arch=compute_90,code=compute_90", f"-I{ROOT / 'kernels'}",
+           *(f"-D{k}={v}" for k, v in defines.items()), str(SOURCE), "-o", str(exe)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return exe
 
 
 def cases() -> list[str]:
@@ -78,3 +98,58 @@ def test_decode_split_counts_at_the_target_shapes(split_check):
 def test_decode_split_check_rejects_a_malformed_case(split_check):
     proc = subprocess.run([str(split_check), "1,8,1,1,64"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and proc.stdout.startswith("FAIL 1,8,1,1,64: not B,H,H_kv,S,S_kv,D,slots")
+
+
+def splits_of(lines: list[str]) -> list[int]:
+    return [int(line.split()[2].split("=")[1]) for line in lines]
+
+
+# DECODE_SPLITS=N: N splits, clamped to the tiles and kMaxSplits (256), then to the most that leave no split
+# empty (33 of 128 tiles: runs of 4 tiles make 32 splits). At the targets (launcher's plan, slots = 0), then at
+# heads of 1, 2, 10 and 2048 tiles.
+FORCED = {
+    8: [8, 8, 8, 8, 8, 1, 2, 5, 8],
+    33: [32, 32, 33, 32, 32, 1, 2, 10, 33],
+    300: [128, 64, 256, 256, 256, 1, 2, 10, 256],
+}
+FORCED_EXTRA = ["1,8,2,1,1,128,0", "2,8,2,3,97,64,0", "1,4,1,1,640,128,264", "1,8,8,1,131072,64,58"]
+
+
+@pytest.mark.parametrize("forced", sorted(FORCED))
+def test_a_forced_split_count_is_obeyed_by_the_launcher_and_the_workspace(tmp_path_factory, forced):
+    exe = build_with_knobs(tmp_path_factory, {"DECODE_SPLITS": forced})
+    # every case's coverage, records and workspace; slots = 0: plan_for and flashcore_forward_workspace; the
+    # program itself fails any plan whose count is not the forced one
+    run(exe, cases())
+    wanted = [f"{b},{h},{h_kv},{s},{s_kv},{d},0" for (b, h, h_kv, s, s_kv, d) in TARGETS] + FORCED_EXTRA
+    assert splits_of(run(exe, wanted)) == FORCED[forced]
+
+
+# DECODE_MIN_BLOCKS caps the CTAs per SM the plan counts on (what shared memory fits, at most the knob):
+# 132 SMs x 1 = 132 slots, and with a 64 KB ring x 3 = 396 slots, at the five targets.
+PER_SM = {
+    (("DECODE_MIN_BLOCKS", 1),): [2, 1, 16, 1, 4],
+    (("DECODE_RING_KB", 64), ("DECODE_MIN_BLOCKS", 3)): [6, 3, 49, 3, 12],
+}
+
+
+@pytest.mark.parametrize("knobs", list(PER_SM), ids=lambda k: " ".join(f"{n}={v}" for n, v in k))
+def test_the_plan_counts_the_ctas_per_sm_the_knobs_give(tmp_path_factory, knobs):
+    exe = build_with_knobs(tmp_path_factory, dict(knobs))
+    wanted = [f"{b},{h},{h_kv},{s},{s_kv},{d},0" for (b, h, h_kv, s, s_kv, d) in TARGETS]
+    assert splits_of(run(exe, wanted)) == PER_SM[knobs]
+
+
+def test_the_registry_tunes_the_knobs_the_decode_sources_define():
+    """Every parameter of the decode entry's tune block is an #ifndef knob of the decode sources, its default
+    (the shipped build) is among the declared values, and the constraints admit the all-defaults combination."""
+    from flashcore_cli.measure.tune import grid
+    from flashcore_cli.registry.variants import load_registry
+
+    space = load_registry(ROOT / "variants.yaml").get("decode").tune
+    text = "".join(path.read_text() for path in sorted((ROOT / "kernels").glob("decode*.cu*")))
+    defaults = {name: int(value) for name, value in re.findall(r"#ifndef (DECODE_\w+)\n#define \1 (\d+)", text)}
+    assert set(space.params) == set(defaults)
+    assert all(defaults[name] in values for name, values in space.params.items())
+    shipped = grid({k: [v] for k, v in defaults.items()}, space.constraints)
+    assert len(shipped) == 1 and not shipped[0].skipped
