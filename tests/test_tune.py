@@ -194,3 +194,19 @@ def test_the_command_end_to_end_with_fake_trials(monkeypatch, tmp_path, fresh_ca
     assert tuned_defines("tunable", "NVIDIA H100 80GB HBM3") == {"FC_TUNE_UNUSED": "2"}
     out = " ".join(result.output.split())
     assert "winner on NVIDIA H100 80GB HBM3: FC_TUNE_UNUSED=2 (20.0 us)" in out and "1.50x" in out
+
+
+def test_a_decode_rung_is_checked_within_its_query_rows():
+    """check_cases stays inside what the variant takes: a rung with max_seq_len (decode: 16) is checked at 1 and
+    16 query rows of the tune shape's heads, against 17 and 97 keys (not at 17 and 97 query rows, which it refuses
+    and every trial would crash on)."""
+    from flashcore_cli.measure.tune import check_cases
+    from flashcore_cli.registry.shapes import parse_shape
+    from flashcore_cli.registry.variants import load_registry
+
+    decode = load_registry(None).get("decode")
+    cases = check_cases(decode, parse_shape("8,32:8,1:8192,128"), 7)
+    assert {(c.shape.seq_len, c.shape.seq_len_kv) for c in cases} == {(1, 8192), (1, 17), (16, 97)}
+    for c in cases:
+        assert not decode.unsupported_reason(c.shape.head_dim, c.causal, gqa=c.shape.heads_kv != c.shape.heads,
+                                             seqlen_kv=c.shape.seq_len_kv != c.shape.seq_len, seq_len=c.shape.seq_len)

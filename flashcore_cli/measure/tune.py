@@ -165,11 +165,17 @@ def run_trial(job: TrialJob) -> dict:
 
 def check_cases(variant: Variant, shape, seed: int) -> list:
     """What a trial must pass before it is timed: the tune shape and two awkward sequence lengths, in every
-    masking mode the variant supports (a tuned build serves them all)."""
+    masking mode the variant supports (a tuned build serves them all). A rung that takes at most max_seq_len
+    query rows (a decode rung) is checked at 1 and max_seq_len rows of the tune shape's heads against those
+    lengths of keys instead."""
     from flashcore_cli.registry.shapes import Shape, expand_cases
 
-    shapes = [shape, *(Shape(2, 3, s, shape.head_dim) for s in CHECK_SEQ_LENS if s != shape.seq_len)]
-    return expand_cases(shapes, seed, (False, True) if variant.causal else (False,))
+    if variant.max_seq_len:
+        awkward = [Shape(2, shape.heads, rows, shape.head_dim, shape.heads_kv, keys)
+                   for rows, keys in zip((1, variant.max_seq_len), CHECK_SEQ_LENS)]  # fmt: skip
+    else:
+        awkward = [Shape(2, 3, s, shape.head_dim) for s in CHECK_SEQ_LENS if s != shape.seq_len]
+    return expand_cases([shape, *awkward], seed, (False, True) if variant.causal else (False,))
 
 
 def ranked(candidates: list[Candidate]) -> list[Candidate]:
