@@ -1,8 +1,9 @@
 // fa2_bwd.cuh — FlashAttention-2's backward, the warp's part, on mma.sync m16n8k16 fragments (v11's backward).
 //
-// The CTA holds a block of keys K_j, V_j (kBlockN rows, 16 per warp) and walks the query blocks Q_i, dO_i
-// (kBlockM rows) that can see them. A warp computes its 16 keys' rows of the TRANSPOSED score tile,
-//   S^T = K_j Q_i^T  and  dP^T = V_j dO_i^T                  (16 keys x kBlockM queries, fp32 C fragments)
+// The CTA holds a block of keys K_j, V_j (kBlockN rows, kWarpKeys = 16 or 32 per warp: kMTiles m16 tiles) and
+// walks the query blocks Q_i, dO_i (kBlockM rows) that can see them, in slices of kSliceM queries (the whole
+// block at 16 keys per warp). A warp computes its keys' rows of the TRANSPOSED score tile,
+//   S^T = K_j Q_i^T  and  dP^T = V_j dO_i^T                  (kWarpKeys keys x kSliceM queries, fp32 C fragments)
 // so that the C fragments, packed to 16 bits, are directly the A fragments of the two products whose rows
 // are keys (the same register identity v11's forward uses for P V):
 //   P^T = exp(S^T * scale - LSE)          dS^T = P^T o (dP^T - D),  D = rowsum(dO o O)
@@ -12,8 +13,9 @@
 // fp32 result to the dQ accumulator in global memory (red.add: other key blocks add to the same rows).
 //
 // Fragment and swizzle conventions: mma_sm80.cuh; the forward's helpers (warp_scores) are reused with a
-// configuration whose "Q" is the warp's 16 key rows. Cfg members read here (v11_bwd.cu's V11BwdConfig):
-//   kHeadDim, kBlockN (keys per CTA), kBlockM (queries per step), kNTiles = kBlockM / 8, kDTiles = kHeadDim / 8,
+// configuration whose "Q" is the warp's 16 key rows (32 keys take scores_t). Cfg members read here
+// (v11_bwd_traits.cuh's V11BwdConfig): kHeadDim, kBlockN (keys per CTA), kBlockM (queries per step), kWarpKeys,
+//   kMTiles = kWarpKeys / 16, kSliceM, kNTiles = kSliceM / 8, kDTiles = kHeadDim / 8, kKChunks, kKvInRegs,
 //   kRowBytes = 2 kHeadDim, kDsRowBytes = 2 kBlockM, kDqTiles (n8 tiles of dQ per warp), kDqMTiles (m16 tiles
 //   of queries in a block).
 #pragma once
@@ -32,77 +34,135 @@ __device__ __forceinline__ uint32_t ds_offset(int row, int chunk) {
   return swizzle(row, chunk, kRowBytes);
 }
 
-// -inf where key > query + offset (causal, bottom-right): only blocks crossing the diagonal call it. The
-// tile is the warp's 16 keys from key0 against the queries q0 .. q0 + kBlockM - 1.
+// -inf where key > query + offset (causal, bottom-right): only slices crossing the diagonal call it. The
+// tile is the warp's kWarpKeys keys from key0 (m16 tile mt: keys key0 + 16 mt ..) against the queries q0 ..
+// q0 + kSliceM - 1.
 template <class Cfg>
-__device__ __forceinline__ void mask_causal_t(float (&s)[1][Cfg::kNTiles][4], int key0, int q0, int offset, int lane) {
+__device__ __forceinline__ void mask_causal_t(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4], int key0, int q0, int offset,
+                                              int lane) {
 #pragma unroll
-  for (int j = 0; j < Cfg::kNTiles; ++j)
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int key = key0 + (lane >> 2) + 8 * (r >> 1);
-      const int query = q0 + 8 * j + 2 * (lane & 3) + (r & 1);
-      if (key > query + offset) s[0][j][r] = -INFINITY;
-    }
+    for (int j = 0; j < Cfg::kNTiles; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int key = key0 + (lane >> 2) + 8 * (r >> 1) + 16 * mt;
+        const int query = q0 + 8 * j + 2 * (lane & 3) + (r & 1);
+        if (key > query + offset) s[mt][j][r] = -INFINITY;
+      }
 }
 
-// P^T = exp2(S^T * scale_log2 - LSE_q log2 e) in place (lse2: the step's [kBlockM] LSE * log2 e, +inf for
-// padding rows, so their P is 0); then dS^T = P^T o (dP^T - D_q) into dp (dsum: the step's [kBlockM] D).
+// S^T = K_j Q_i^T (or dP^T = V_j dO_i^T) for 32 keys per warp: the warp's kMTiles m16 tiles of keys (A: held in
+// registers when Cfg::kKvInRegs, else re-read at a_lane) against one slice of kSliceM queries (B, from b_lane).
+// Unlike warp_scores, the B ldmatrix takes the A and .trans fragments' lane addressing, row (lane % 8) + 8 ((lane
+// / 8) % 2) and chunk half lane / 16, so b_lane is accumulate_t's b_lane and the chunk offsets are its offsets:
+// fewer live registers beside 128 floats of dK, dV. Lane groups 0..3 then read (queries 0-7, d 0-7), (8-15, 0-7),
+// (0-7, 8-15), (8-15, 8-15): n8 tile 2 np takes b[0], b[2] and tile 2 np + 1 takes b[1], b[3].
+template <class Cfg, class T>
+__device__ __forceinline__ void scores_t(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4], const QFragments<Cfg>& a_frag,
+                                         uint32_t a_lane, uint32_t b_lane, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int j = 0; j < Cfg::kNTiles; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s[mt][j][r] = 0.f;
+  const int half = lane >> 4;
+#pragma unroll
+  for (int kc = 0; kc < Cfg::kKChunks; ++kc) {
+    uint32_t a[Cfg::kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+      if constexpr (Cfg::kKvInRegs) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) a[mt][r] = a_frag[mt][kc][r];
+      } else {
+        ldmatrix_x4(a[mt], a_lane + mt * 16 * Cfg::kRowBytes + ldmatrix_chunk(kc, half, lane));
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < Cfg::kNTiles / 2; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4(b, b_lane + np * 16 * Cfg::kRowBytes + ldmatrix_chunk(kc, half, lane));
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+        Element<T>::mma(s[mt][2 * np], a[mt], b[0], b[2]);
+        Element<T>::mma(s[mt][2 * np + 1], a[mt], b[1], b[3]);
+      }
+    }
+  }
+}
+
+// P^T = exp2(S^T * scale_log2 - LSE_q log2 e) in place (lse2: the slice's [kSliceM] LSE * log2 e, +inf for
+// padding rows, so their P is 0); then dS^T = P^T o (dP^T - D_q) into dp (dsum: the slice's [kSliceM] D). The
+// columns (queries) of a lane are the same in every m16 tile: one load of LSE and D serves them all.
 template <class Cfg>
-__device__ __forceinline__ void probabilities_and_ds_t(float (&s)[1][Cfg::kNTiles][4], float (&dp)[1][Cfg::kNTiles][4],
-                                                       const float* lse2, const float* dsum, float scale_log2,
-                                                       int lane) {
+__device__ __forceinline__ void probabilities_and_ds_t(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4],
+                                                       float (&dp)[Cfg::kMTiles][Cfg::kNTiles][4], const float* lse2,
+                                                       const float* dsum, float scale_log2, int lane) {
 #pragma unroll
   for (int j = 0; j < Cfg::kNTiles; ++j) {
     const int col = 8 * j + 2 * (lane & 3);
     const float2 l = *reinterpret_cast<const float2*>(lse2 + col);
     const float2 d = *reinterpret_cast<const float2*>(dsum + col);
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const float p = exp2f(fmaf(s[0][j][r], scale_log2, -((r & 1) ? l.y : l.x)));
-      s[0][j][r] = p;
-      dp[0][j][r] = p * (dp[0][j][r] - ((r & 1) ? d.y : d.x));
-    }
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float p = exp2f(fmaf(s[mt][j][r], scale_log2, -((r & 1) ? l.y : l.x)));
+        s[mt][j][r] = p;
+        dp[mt][j][r] = p * (dp[mt][j][r] - ((r & 1) ? d.y : d.x));
+      }
   }
 }
 
-// acc (16 keys x D) += A B, where A is the warp's 16 x kBlockM tile in C fragments (P^T or dS^T), packed to T
-// (n8 tiles 2 kk and 2 kk + 1 make k16 step kk over the queries), and B is [kBlockM][D] in shared memory (dO_i or
-// Q_i) read by ldmatrix .trans from b_lane (the tile's base plus this lane's row (lane % 8) + 8 ((lane / 8) % 2)).
+// acc (kWarpKeys keys x D) += A B, where A is the warp's kWarpKeys x kSliceM tile in C fragments (P^T or dS^T),
+// packed to T (n8 tiles 2 kk and 2 kk + 1 make k16 step kk over the queries), and B is the slice's [kSliceM][D] in
+// shared memory (dO_i or Q_i) read by ldmatrix .trans from b_lane (the slice's first row plus this lane's row
+// (lane % 8) + 8 ((lane / 8) % 2)); each B fragment serves every m16 tile of keys.
 template <class Cfg, class T>
-__device__ __forceinline__ void accumulate_t(const float (&a)[1][Cfg::kNTiles][4], float (&acc)[Cfg::kDTiles][4],
-                                             uint32_t b_lane, int lane) {
+__device__ __forceinline__ void accumulate_t(const float (&a)[Cfg::kMTiles][Cfg::kNTiles][4],
+                                             float (&acc)[Cfg::kMTiles][Cfg::kDTiles][4], uint32_t b_lane, int lane) {
   const int b_chunk = lane >> 4;
 #pragma unroll
-  for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk) {
-    uint32_t pa[4];
-    pa[0] = Element<T>::pack(a[0][2 * kk][0], a[0][2 * kk][1]);
-    pa[1] = Element<T>::pack(a[0][2 * kk][2], a[0][2 * kk][3]);
-    pa[2] = Element<T>::pack(a[0][2 * kk + 1][0], a[0][2 * kk + 1][1]);
-    pa[3] = Element<T>::pack(a[0][2 * kk + 1][2], a[0][2 * kk + 1][3]);
+  for (int kk = 0; kk < Cfg::kNTiles / 2; ++kk) {
+    uint32_t pa[Cfg::kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+      pa[mt][0] = Element<T>::pack(a[mt][2 * kk][0], a[mt][2 * kk][1]);
+      pa[mt][1] = Element<T>::pack(a[mt][2 * kk][2], a[mt][2 * kk][3]);
+      pa[mt][2] = Element<T>::pack(a[mt][2 * kk + 1][0], a[mt][2 * kk + 1][1]);
+      pa[mt][3] = Element<T>::pack(a[mt][2 * kk + 1][2], a[mt][2 * kk + 1][3]);
+    }
 #pragma unroll
     for (int dp = 0; dp < Cfg::kDTiles / 2; ++dp) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, b_lane + kk * 16 * Cfg::kRowBytes + ldmatrix_chunk(dp, b_chunk, lane));
-      Element<T>::mma(acc[2 * dp], pa, b[0], b[1]);
-      Element<T>::mma(acc[2 * dp + 1], pa, b[2], b[3]);
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+        Element<T>::mma(acc[mt][2 * dp], pa[mt], b[0], b[1]);
+        Element<T>::mma(acc[mt][2 * dp + 1], pa[mt], b[2], b[3]);
+      }
     }
   }
 }
 
-// The warp's dS^T rows (keys row0 .. row0 + 15) as T into the dS^T tile: lane (g, t) writes keys g and g + 8,
+// The warp's dS^T rows (keys row0 .. row0 + kWarpKeys - 1) of one slice (queries from 8 chunk0, the slice's
+// first 16-byte chunk of a row) as T into the dS^T tile: lane (g, t) writes keys 16 mt + g and 16 mt + g + 8,
 // queries 2t and 2t + 1 of every n8 tile (one 4-byte store each).
 template <class Cfg, class T>
-__device__ __forceinline__ void store_ds_t(unsigned char* tile, const float (&ds)[1][Cfg::kNTiles][4], int row0,
-                                           int lane) {
+__device__ __forceinline__ void store_ds_t(unsigned char* tile, const float (&ds)[Cfg::kMTiles][Cfg::kNTiles][4],
+                                           int row0, int chunk0, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int j = 0; j < Cfg::kNTiles; ++j)
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      *reinterpret_cast<uint32_t*>(tile + ds_offset<Cfg::kDsRowBytes>(row0 + g + 8 * h, j) + 4 * t) =
-          Element<T>::pack(ds[0][j][2 * h], ds[0][j][2 * h + 1]);
-    }
+    for (int j = 0; j < Cfg::kNTiles; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        *reinterpret_cast<uint32_t*>(tile + ds_offset<Cfg::kDsRowBytes>(row0 + g + 8 * h + 16 * mt, j + chunk0) +
+                                     4 * t) = Element<T>::pack(ds[mt][j][2 * h], ds[mt][j][2 * h + 1]);
+      }
 }
 
 // This warp's share of dQ_i = dS K_j (unscaled): query rows m16 tile `mtile` of the block, n8 tiles d_tile0 ..
@@ -180,19 +240,22 @@ __device__ __forceinline__ void stage_dq(float* dq_s, const float (&acc)[Cfg::kD
   }
 }
 
-// A warp's 16 rows of dK or dV (C fragments, times `scale`) as T into rows row0 .. of a [S_kv, D] tensor; rows
-// at or past seq_len_kv are not written.
+// A warp's kWarpKeys rows of dK or dV (C fragments, times `scale`) as T into rows row0 .. of a [S_kv, D] tensor;
+// rows at or past seq_len_kv are not written.
 template <class Cfg, class T>
-__device__ __forceinline__ void store_rows_t(__half* dst, const float (&acc)[Cfg::kDTiles][4], float scale, int row0,
-                                             int seq_len_kv, int lane) {
+__device__ __forceinline__ void store_rows_t(__half* dst, const float (&acc)[Cfg::kMTiles][Cfg::kDTiles][4], float scale,
+                                             int row0, int seq_len_kv, int lane) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + (lane >> 2) + 8 * h;
-    if (row >= seq_len_kv) continue;
-    uint32_t* out = reinterpret_cast<uint32_t*>(dst + static_cast<size_t>(row) * Cfg::kHeadDim) + (lane & 3);
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
 #pragma unroll
-    for (int d = 0; d < Cfg::kDTiles; ++d) out[4 * d] = Element<T>::pack(acc[d][2 * h] * scale, acc[d][2 * h + 1] * scale);
-  }
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + (lane >> 2) + 8 * h + 16 * mt;
+      if (row >= seq_len_kv) continue;
+      uint32_t* out = reinterpret_cast<uint32_t*>(dst + static_cast<size_t>(row) * Cfg::kHeadDim) + (lane & 3);
+#pragma unroll
+      for (int d = 0; d < Cfg::kDTiles; ++d)
+        out[4 * d] = Element<T>::pack(acc[mt][d][2 * h] * scale, acc[mt][d][2 * h + 1] * scale);
+    }
 }
 
 }  // namespace fc

@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(256) v11_bwd_prep(FlashcoreBackwardParams b, W
 
 // ---- main: one CTA per (key block, batch * K/V head) ----
 template <class Cfg, class T>
-__global__ void __launch_bounds__(Cfg::kThreads)
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     v11_bwd(FlashcoreBackwardParams b, Workspace w, const __grid_constant__ CUtensorMap dq_map) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const FlashcoreParams& p = b.fwd;
@@ -109,12 +109,12 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   // (lane % 8) + 8 (lane / 16).
   const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;
   const int b_row = (lane & 7) + (lane >> 4) * 8;
-  const int key0 = n0 + warp * 16;  // this warp's keys
-  const uint32_t k_lane = fc::smem_addr(k_s) + (warp * 16 + a_row) * Cfg::kRowBytes;
-  const uint32_t v_lane = fc::smem_addr(v_s) + (warp * 16 + a_row) * Cfg::kRowBytes;
+  const int key0 = n0 + warp * Cfg::kWarpKeys;  // this warp's keys
+  const uint32_t k_lane = fc::smem_addr(k_s) + (warp * Cfg::kWarpKeys + a_row) * Cfg::kRowBytes;
+  const uint32_t v_lane = fc::smem_addr(v_s) + (warp * Cfg::kWarpKeys + a_row) * Cfg::kRowBytes;
   fc::QFragments<Cfg> k_frag, v_frag;  // the warp's K and V rows as A fragments (kKvInRegs)
 
-  float dk[Cfg::kDTiles][4] = {}, dv[Cfg::kDTiles][4] = {};
+  float dk[Cfg::kMTiles][Cfg::kDTiles][4] = {}, dv[Cfg::kMTiles][Cfg::kDTiles][4] = {};
 
   // sm_90: the staged dQ_i of step `step` goes out by TMA reduce-add (thread 0) once every warp has written it
   auto reduce_dq = [&](int step) {
@@ -144,19 +144,33 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     const int bh = bh0 + step / m_blocks;
     const int m0 = (m_first + step % m_blocks) * kBlockM;
 
-    // S^T = K_j Q_i^T, dP^T = V_j dO_i^T (16 keys x kBlockM queries per warp)
-    float st[1][Cfg::kNTiles][4], dpt[1][Cfg::kNTiles][4];
-    const uint32_t q_lane = fc::smem_addr(q_stage(s)) + b_row * Cfg::kRowBytes;
-    const uint32_t do_lane = fc::smem_addr(do_stage(s)) + b_row * Cfg::kRowBytes;
-    fc::warp_scores<Cfg, T>(st, k_frag, k_lane, q_lane, lane);
-    fc::warp_scores<Cfg, T>(dpt, v_frag, v_lane, do_lane, lane);
-    if (p.causal && key0 + 15 > m0 + offset) fc::mask_causal_t<Cfg>(st, key0, m0, offset, lane);
-    // P^T = exp(S^T * scale - LSE), dS^T = P^T o (dP^T - D)
-    fc::probabilities_and_ds_t<Cfg>(st, dpt, stats(s), stats(s) + kBlockM, scale_log2, lane);
-    // dV += P^T dO_i, dK += dS^T Q_i
-    fc::accumulate_t<Cfg, T>(st, dv, fc::smem_addr(do_stage(s)) + a_row * Cfg::kRowBytes, lane);
-    fc::accumulate_t<Cfg, T>(dpt, dk, fc::smem_addr(q_stage(s)) + a_row * Cfg::kRowBytes, lane);
-    fc::store_ds_t<Cfg, T>(ds_s, dpt, warp * 16, lane);
+    // One slice of kSliceM queries at a time (the whole step at 16 keys per warp): q0 is its first query in the block.
+    // Unrolled where K and V are re-read (2 slices at 32 keys: 0 spills; a loop spills); a loop over the 4 slices
+    // beside K and V fragments held in registers spills least.
+#pragma unroll(Cfg::kKvInRegs ? 1 : Cfg::kSlices)
+    for (int slice = 0; slice < Cfg::kSlices; ++slice) {
+      const int q0 = slice * Cfg::kSliceM;
+      // S^T = K_j Q_i^T, dP^T = V_j dO_i^T (kWarpKeys keys x kSliceM queries per warp)
+      float st[Cfg::kMTiles][Cfg::kNTiles][4], dpt[Cfg::kMTiles][Cfg::kNTiles][4];
+      if constexpr (Cfg::kWarpKeys == 16) {
+        const uint32_t q_lane = fc::smem_addr(q_stage(s)) + b_row * Cfg::kRowBytes;
+        const uint32_t do_lane = fc::smem_addr(do_stage(s)) + b_row * Cfg::kRowBytes;
+        fc::warp_scores<Cfg, T>(st, k_frag, k_lane, q_lane, lane);
+        fc::warp_scores<Cfg, T>(dpt, v_frag, v_lane, do_lane, lane);
+      } else {  // B addressed as in accumulate_t below (scores_t)
+        fc::scores_t<Cfg, T>(st, k_frag, k_lane, fc::smem_addr(q_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
+        fc::scores_t<Cfg, T>(dpt, v_frag, v_lane, fc::smem_addr(do_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
+      }
+      if (p.causal && key0 + Cfg::kWarpKeys - 1 > m0 + q0 + offset) {
+        fc::mask_causal_t<Cfg>(st, key0, m0 + q0, offset, lane);
+      }
+      // P^T = exp(S^T * scale - LSE), dS^T = P^T o (dP^T - D)
+      fc::probabilities_and_ds_t<Cfg>(st, dpt, stats(s) + q0, stats(s) + kBlockM + q0, scale_log2, lane);
+      // dV += P^T dO_i, dK += dS^T Q_i (the slice's k16 steps)
+      fc::accumulate_t<Cfg, T>(st, dv, fc::smem_addr(do_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
+      fc::accumulate_t<Cfg, T>(dpt, dk, fc::smem_addr(q_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
+      fc::store_ds_t<Cfg, T>(ds_s, dpt, warp * Cfg::kWarpKeys, q0 / 8, lane);
+    }
     if constexpr (Cfg::kTmaDq) {
       if (tid == 0) fc::tma_store_wait_read<0>();  // the last step's dQ has left the staging tile
     }
@@ -185,7 +199,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     }
   }
 
-  // dK = scale dS^T Q, dV = P^T dO for this warp's 16 keys (zeros where no query sees them)
+  // dK = scale dS^T Q, dV = P^T dO for this warp's kWarpKeys keys (zeros where no query sees them)
   fc::store_rows_t<Cfg, T>(b.dk + kv_base, dk, p.scale, key0, seq_len_kv, lane);
   fc::store_rows_t<Cfg, T>(b.dv + kv_base, dv, 1.f, key0, seq_len_kv, lane);
 }

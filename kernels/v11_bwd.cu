@@ -3,11 +3,13 @@
 // Idea: the gradient of O = softmax(Q K^T * scale) V needs P again; rather than store it (S x S), recompute it
 // from the forward's row log-sum-exp: P = exp(S * scale - LSE). Three kernels:
 //   prep   D = rowsum(dO o O) (minus dLSE where the LSE was used too), LSE * log2 e, both padded to the query
-//          block, and the fp32 dQ accumulator zeroed;
+//          block, and the fp32 dQ accumulator zeroed. O is the fp32 O: the stored O plus the rounding residual
+//          the training forward wrote beside it (flashcore.h's o_residual), since at a near-one-hot row
+//          dS = P o (dP - D) is a small difference of large numbers into which O's rounding lands whole;
 //   main   one CTA per block of kBlockN keys of one K/V head holds K_j, V_j (and dK_j, dV_j in registers) and
 //          walks every query block (of every query head of its group, under GQA) that can see them, with Q_i,
-//          dO_i, LSE_i, D_i double-buffered by cp.async. Each warp owns 16 keys and computes S^T and dP^T, so
-//          dV += P^T dO and dK += dS^T Q run from registers (fa2_bwd.cuh); dS^T goes through shared memory
+//          dO_i, LSE_i, D_i double-buffered by cp.async. Each warp owns 16 or 32 keys and computes S^T and dP^T,
+//          so dV += P^T dO and dK += dS^T Q run from registers (fa2_bwd.cuh); dS^T goes through shared memory
 //          once, for dQ_i += dS K_j, which every key block adds into the fp32 accumulator (below);
 //   dq     dQ = accumulator * scale, rounded to the element type.
 // Causal (bottom-right): a key block starts at the first query block that sees it; only blocks that cross
@@ -18,32 +20,32 @@
 // Parts: v11_bwd_traits.cuh (configurations, workspace), mainloop_bwd_sm80.cuh (the three kernels), fa2_bwd.cuh
 // (the warp's fragments); this file launches them.
 //
-// Configuration (V11BwdConfig<D, BLOCK_N, BLOCK_M, KV_IN_REGS>), 16 keys per warp:
-//   D=64   128 keys (8 warps) x 64 queries per step, K and V fragments held in registers (97 KB on sm_90,
-//          81 KB on the L4); short grids (below one wave of SMs) 32 keys (2 warps) x 64
-//   D=128  sm_90: 128 keys (8 warps) x 64 queries (177 KB); the L4 build and short grids: 64 keys x 32 queries
-//          (68.5 KB); K and V re-read from shared memory (no registers left for their fragments)
+// Configuration (V11BwdConfig<D, BLOCK_N, BLOCK_M, KV_IN_REGS, WARP_KEYS>):
+//   D=64   sm_90: 128 keys (4 warps of 32 keys) x 64 queries per step, two CTAs per SM (97 KB each): the two
+//          m16 tiles of a warp share every Q_i, dO_i fragment read from shared memory (half that traffic per
+//          key), and one CTA's barriers overlap the other's math. dK, dV take 128 registers, so the warp walks
+//          the step in 32-query slices and re-reads K and V per slice (held, they need 16-query slices and
+//          spill). The L4: 128 keys (8 warps of 16) with K and V in registers (81 KB; one 4-warp CTA per SM
+//          would be all its 99 KB allow). Short grids (below one wave of SMs): 32 keys (2 warps of 16) x 64.
+//   D=128  16 keys per warp (32 would need 256 registers of dK, dV): sm_90 128 keys (8 warps) x 64 queries
+//          (177 KB); the L4 build and short grids 64 keys x 32 queries (68.5 KB); K and V re-read.
 //
 // Run:  flashcore test v11 && flashcore bench v11 --pass bwd --shape 2,16,4096,64
 //
 // dQ: on sm_90 the warps stage dQ_i in shared memory and one thread adds it by TMA reduce-add (a 32-column box
 // per 128 bytes of row); below sm_90 every lane red.adds its fragments.
 //
-// Measured (H200, cold mode, the backward alone beside SDPA's FA2 and cuDNN backward in the same run; TFLOP/s at
-// 2.5 x the forward's FLOPs):  shape                v11                 FA2 (SDPA flash)   cuDNN
-//                                2,16,4096,64         1509 us, 228 TF     1300 us, 264 TF    781 us, 440 TF
-//                                2,16,4096,64 causal   888 us, 193 TF      821 us, 209 TF    506 us, 340 TF
-//                                2,16,4096,128        2610 us, 263 TF     2385 us, 288 TF   1267 us, 543 TF
-//                                2,16,4096,128 causal 1520 us, 226 TF     1434 us, 240 TF    779 us, 441 TF
-//                                1,16,16384,64       11431 us, 240 TF     9480 us, 290 TF   6124 us, 449 TF
-//   v11's backward is 0.83-0.94x FA2's: the target (>= 1.0x at every row) is not met. fwd+bwd at 1,8,512,64:
-//   34.7 us against SDPA's 35.4 (docs/results/h200.json).
-// Where the time goes (same-run builds that drop part of the dQ path, timing only, at 2,16,4096,64 with
-// red.add): all of it 1486 us; dQ computed but not added 1332; no dQ at all 1027. The dQ path (its second
-// barrier, the dS^T round trip, 32 of every 160 mma and 24 of every 88 ldmatrix) is a third of the time.
-// Tried and not kept (same run, 2,16,4096,64): 64 keys x 4 warps (2 CTAs/SM) 1554 vs 1486 us; 32 queries per
-// step 1782. The TMA reduce-add is no faster at D=64 (1509 us in a later run against red.add's 1486); it stays,
-// one dQ path for sm_90, since with the 128 x 64 tile it took D=128 from 3199 to 2610 us (two runs).
+// Measured (cold mode, the backward alone beside SDPA's FA2 and cuDNN backward in the same run): see
+// docs/ladder.md, "v11's backward", for the table. 32 keys per warp at D=64 took 2,16,4096,64 from 1518 to
+// 1197 us (FA2 1313) and causal from 899 to 781 (FA2 825) on the H100; at D=128 v11 stays 0.91-0.94x FA2.
+// Where the time went before (ncu on the H200, 16 keys per warp at 2,16,4096,64): tensor pipe 36% busy, the
+// L1/shared-memory pipe 76.5%, 8 warps per SM with 0.42 eligible per scheduler: shared-memory traffic per FLOP
+// (each warp re-reading all of Q_i and dO_i for 16 keys) and barriers with no other CTA to fill them.
+// Tried and not kept (same run, 2,16,4096,64, 16 keys per warp): 64 keys x 4 warps (2 CTAs/SM) 1554 vs 1486
+// us; 32 queries per step 1782. The TMA reduce-add is no faster at D=64 (1509 us in a later run against
+// red.add's 1486); it stays, one dQ path for sm_90, since with the 128 x 64 tile it took D=128 from 3199 to
+// 2610 us (two runs). Same-run builds that drop part of the dQ path (16 keys per warp): all of it 1486 us,
+// dQ computed but not added 1332, no dQ at all 1027.
 #include "flashcore.h"
 #include "mainloop_bwd_sm80.cuh"
 #include "tma.cuh"
@@ -112,7 +114,8 @@ const char* backward_dtype(const FlashcoreBackwardParams& b, cudaStream_t stream
   }
 }
 
-// The kernels' names as c++filt prints them (the plan's entries), e.g. "v11_bwd<V11BwdConfig<64, 128, 64, true>, __half>".
+// The kernels' names as c++filt prints them (the plan's entries), e.g.
+// "v11_bwd<V11BwdConfig<64, 128, 64, true, 16>, __half>" (the defaulted keys per warp is part of the name).
 template <class T>
 constexpr const char* type_name() {
   return std::is_same_v<T, __half> ? "__half" : "__nv_bfloat16";
@@ -121,8 +124,8 @@ constexpr const char* type_name() {
 template <class Cfg, class T>
 FlashcoreKernelPlan main_plan() {
   static char text[96];
-  snprintf(text, sizeof(text), "v11_bwd<V11BwdConfig<%d, %d, %d, %s>, %s>", Cfg::kHeadDim, Cfg::kBlockN, Cfg::kBlockM,
-           Cfg::kKvInRegs ? "true" : "false", type_name<T>());
+  snprintf(text, sizeof(text), "v11_bwd<V11BwdConfig<%d, %d, %d, %s, %d>, %s>", Cfg::kHeadDim, Cfg::kBlockN,
+           Cfg::kBlockM, Cfg::kKvInRegs ? "true" : "false", Cfg::kWarpKeys, type_name<T>());
   return {text, Cfg::kThreads, Cfg::kSmemBytes};
 }
 

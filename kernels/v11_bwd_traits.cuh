@@ -14,17 +14,26 @@ constexpr int kBwdMaxSmemBytes = 101376;  // the L4's 99 KB opt-in limit per blo
 constexpr float kBwdLog2e = 1.4426950408889634f;
 constexpr int kPadRows = 64;  // LSE and D are padded per head to a multiple of every BLOCK_M
 
-template <int kHeadDim_, int kBlockN_, int kBlockM_, bool kKvInRegs_>
+template <int kHeadDim_, int kBlockN_, int kBlockM_, bool kKvInRegs_, int kWarpKeys_ = 16>
 struct V11BwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockN = kBlockN_;  // Bc: keys per CTA, 16 per warp
+  static constexpr int kBlockN = kBlockN_;  // Bc: keys per CTA, kWarpKeys per warp
   static constexpr int kBlockM = kBlockM_;  // Br: queries per step
   static constexpr bool kKvInRegs = kKvInRegs_;
-  static constexpr int kWarps = kBlockN / 16;
+  // Keys per warp: 16, or 32 (two m16 tiles), so each B fragment of Q_i and dO_i read from shared memory serves
+  // two m16 tiles of keys: half the Q_i / dO_i traffic per key, for twice the dK, dV accumulators.
+  static constexpr int kWarpKeys = kWarpKeys_;
+  static constexpr int kWarps = kBlockN / kWarpKeys;
   static constexpr int kThreads = kWarps * fc::kWarpSize;
-  // The warp tile as fa2_mma.cuh's warp_scores sees it: "Q" = the warp's 16 keys, "K" = the query block.
-  static constexpr int kMTiles = 1;
-  static constexpr int kNTiles = kBlockM / 8;
+  // The warp walks the step's queries in slices of kSliceM (S^T, dP^T, P^T, dS^T, then that slice's k16 steps
+  // of dV and dK), so that at 32 keys one slice of S^T and dP^T fits beside the 128 floats of dK, dV: 32 queries
+  // (32 floats each) when K and V are re-read from shared memory (once per slice), 16 when their 64 registers of
+  // fragments are held. 16 keys take the whole step at once.
+  static constexpr int kSliceM = kWarpKeys == 16 ? kBlockM : kKvInRegs ? 16 : 32;
+  static constexpr int kSlices = kBlockM / kSliceM;
+  // The warp tile as fa2_mma.cuh's warp_scores sees it: "Q" = the warp's keys, "K" = a slice of the query block.
+  static constexpr int kMTiles = kWarpKeys / 16;
+  static constexpr int kNTiles = kSliceM / 8;
   static constexpr int kDTiles = kHeadDim / 8;
   static constexpr int kKChunks = kHeadDim / 16;
   static constexpr int kChunks = kHeadDim / 8;
@@ -52,8 +61,17 @@ struct V11BwdConfig {
   static constexpr int kDsOffset = kStageOffset + 4 * kQBytes;
   static constexpr int kStatsOffset = kDsOffset + kBlockN * kDsRowBytes;  // stage s: lse2 [kBlockM], dsum [kBlockM]
   static constexpr int kSmemBytes = kStatsOffset + 2 * 2 * kBlockM * 4;
+  // CTAs per SM the kernel is compiled for (__launch_bounds__' second argument): two where 32-key warps leave
+  // room for them (at most 128 threads, so 255 registers each still fit twice in the 64K register file, and
+  // twice the shared memory plus the 1 KB reserved per CTA within the SM's 228 KB, sm_90, or 100 KB, sm_89), so
+  // one CTA's barriers overlap the other's math. Otherwise 0, no minimum: nvcc then writes no .minnctapersm, as
+  // before (an explicit 1 changes ptxas's register allocation of the 64-thread D=128 kernel on sm_90).
+  static constexpr int kSmemPerSm = (fc::kBuildsSm90 ? 228 : 100) * 1024;
+  static constexpr int kMinBlocks = kWarpKeys == 32 && kThreads <= 128 && 2 * (kSmemBytes + 1024) <= kSmemPerSm ? 2 : 0;
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
+  static_assert(kWarpKeys == 16 || kWarpKeys == 32, "16 or 32 keys per warp");
+  static_assert(kBlockN % kWarpKeys == 0 && kBlockM % kSliceM == 0, "whole warps, whole slices");
   static_assert(kBlockN % 16 == 0 && kBlockM % 16 == 0 && kBlockM <= kPadRows && kPadRows % kBlockM == 0,
                 "BLOCK_N, BLOCK_M: multiples of 16; BLOCK_M divides the padding");
   static_assert(kDqUnits % kWarps == 0 && kDTiles % kDqSplit == 0 && kDqTiles % 2 == 0, "dQ split over the warps");
@@ -69,8 +87,14 @@ struct V11BwdConfig {
 #ifndef V11_BWD_D64_BLOCK_M
 #define V11_BWD_D64_BLOCK_M 64
 #endif
+// D=64 on sm_90: 32 keys per warp (4 warps, two CTAs per SM, K and V re-read from shared memory per slice) took
+// 2,16,4096,64's backward from 1518 to 1197 us and causal from 899 to 781 (H100, same run; FA2 1313 and 825).
+// The L4 keeps 16 keys per warp with K and V in registers: its 99 KB holds one 4-warp CTA per SM.
 #ifndef V11_BWD_D64_KV_IN_REGS
-#define V11_BWD_D64_KV_IN_REGS 1
+#define V11_BWD_D64_KV_IN_REGS (fc::kBuildsSm90 ? 0 : 1)
+#endif
+#ifndef V11_BWD_D64_WARP_KEYS
+#define V11_BWD_D64_WARP_KEYS (fc::kBuildsSm90 ? 32 : 16)
 #endif
 #ifndef V11_BWD_D128_BLOCK_N
 #define V11_BWD_D128_BLOCK_N 64
@@ -79,7 +103,8 @@ struct V11BwdConfig {
 #define V11_BWD_D128_BLOCK_M 32
 #endif
 
-using BwdD64 = V11BwdConfig<64, V11_BWD_D64_BLOCK_N, V11_BWD_D64_BLOCK_M, V11_BWD_D64_KV_IN_REGS != 0>;
+using BwdD64 = V11BwdConfig<64, V11_BWD_D64_BLOCK_N, V11_BWD_D64_BLOCK_M, V11_BWD_D64_KV_IN_REGS != 0,
+                            V11_BWD_D64_WARP_KEYS>;
 // D=128 on sm_90 (227 KB): 128 keys x 64 queries, half the dQ reductions per FLOP of the L4's 64 x 32.
 using BwdD128 = std::conditional_t<fc::kBuildsSm90, V11BwdConfig<128, 128, 64, false>,
                                    V11BwdConfig<128, V11_BWD_D128_BLOCK_N, V11_BWD_D128_BLOCK_M, false>>;
