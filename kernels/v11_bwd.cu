@@ -35,9 +35,9 @@
 // dQ: on sm_90 the warps stage dQ_i in shared memory and one thread adds it by TMA reduce-add (a 32-column box
 // per 128 bytes of row); below sm_90 every lane red.adds its fragments.
 //
-// Measured (cold mode, the backward alone beside SDPA's FA2 and cuDNN backward in the same run): see
-// docs/ladder.md, "v11's backward", for the table. 32 keys per warp at D=64 took 2,16,4096,64 from 1518 to
-// 1197 us (FA2 1313) and causal from 899 to 781 (FA2 825) on the H100; at D=128 v11 stays 0.91-0.94x FA2.
+// Measured (the lent H100, cold, the backward alone beside SDPA's FA2 in the same run; the table and its record
+// in docs/ladder.md, "v11's backward"): 32 keys per warp at D=64 took 2,16,4096,64 from 1502 to 1195 us (FA2
+// 1322: 1.11x) and causal from 898 to 780 (FA2 831: 1.07x); D=128 stays at 0.93-0.94x FA2.
 // Where the time went before (ncu on the H200, 16 keys per warp at 2,16,4096,64): tensor pipe 36% busy, the
 // L1/shared-memory pipe 76.5%, 8 warps per SM with 0.42 eligible per scheduler: shared-memory traffic per FLOP
 // (each warp re-reading all of Q_i and dO_i for 16 keys) and barriers with no other CTA to fill them.
