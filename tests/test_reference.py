@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from flashcore_cli.check.case import causal_mask, first_seen_row, reference  # noqa: E402
+from flashcore_cli.check.case import causal_mask, first_seen_row, reference, reference_grads  # noqa: E402
 from flashcore_cli.registry.shapes import Case, Shape  # noqa: E402
 
 
@@ -68,3 +68,21 @@ def test_reference_gradients_match_the_definition():
     naive(*exact, True, 0.35).backward(d_o.double())
     for g, e in zip(got, exact):
         assert torch.allclose(g.grad.double(), e.grad, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [Shape(2, 4, 3, 8, 2, 5), Shape(1, 6, 7, 8, 1, 4), Shape(2, 3, 5, 8, 3, 5)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_grads_block_by_block_equal_the_whole_graphs(shape, causal):
+    """reference_grads (one batch and K/V head at a time, what `flashcore test` checks gradients against) gives the
+    output and the gradients of backpropagating through reference() whole: rows that see no key included."""
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(shape.q_shape, generator=gen)
+    k, v = (torch.randn(shape.kv_shape, generator=gen) for _ in range(2))
+    d_o = torch.randn(shape.q_shape, generator=gen)
+    whole = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = reference(*whole, causal, 0.4)
+    out.backward(d_o)
+    got = reference_grads(q, k, v, causal, 0.4, d_o)
+    assert torch.allclose(got[0], out.detach(), atol=1e-6)
+    for g, w in zip(got[1:], whole):
+        assert g.shape == w.shape and torch.allclose(g, w.grad, atol=1e-5)

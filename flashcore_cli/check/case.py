@@ -86,24 +86,54 @@ def causal_mask(seq_len: int, seq_len_kv: int, device):
 
 
 def reference(q, k, v, causal: bool, scale: float):
-    """Attention in fp32 (differentiable: the gradient reference too), one batch at a time to bound the
-    Sq x Sk scores' memory. K/V heads are repeated for grouped-query inputs; a row that sees no key gives 0."""
+    """Attention in fp32 (differentiable), one batch and K/V head at a time to bound the Sq x Sk scores' memory
+    (without a graph to keep, each block's scores are freed before the next). K/V heads are repeated for
+    grouped-query inputs; a row that sees no key gives 0. Gradients: reference_grads, block by block too."""
     import torch
 
     group = q.shape[1] // k.shape[1]
-    mask = causal_mask(q.shape[2], k.shape[2], q.device) if causal else None
-    seen = mask.any(-1, keepdim=True) if causal else None  # rows with at least one visible key
-    outs = []
+    return torch.stack([
+        torch.cat([_reference_block(q[b, h * group:(h + 1) * group], k[b, h:h + 1], v[b, h:h + 1], causal, scale)
+                   for h in range(k.shape[1])])
+        for b in range(q.shape[0])
+    ])  # fmt: skip
+
+
+def _reference_block(q, k, v, causal: bool, scale: float):
+    """reference() of one batch: q [Hq, Sq, D], k and v [Hkv, Sk, D] (Hq a multiple of Hkv)."""
+    import torch
+
+    group = q.shape[0] // k.shape[0]
+    scores = torch.matmul(q.float(), k.float().repeat_interleave(group, dim=0).transpose(-1, -2)) * scale
+    seen = None
+    if causal:
+        mask = causal_mask(q.shape[1], k.shape[1], q.device)
+        seen = mask.any(-1, keepdim=True)  # rows with at least one visible key
+        # masked scores -inf; a row with none visible keeps finite scores (no NaN, even in its gradient)
+        scores = scores.masked_fill(~mask & seen, float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), v.float().repeat_interleave(group, dim=0))
+    return out * seen if seen is not None else out
+
+
+def reference_grads(q, k, v, causal: bool, scale: float, d_o):
+    """(out, dq, dk, dv) of reference() for the upstream gradient d_o, in fp32, one (batch, K/V head) at a time:
+    the autograd graph of one block (its Hq / Hkv query heads' scores, softmax and their gradients) is freed
+    before the next, so a long sequence needs the memory of one head group, not of every head at once (the
+    whole graph of 1,16,16384,64 is over 60 GB)."""
+    import torch
+
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    dq, dk, dv = (torch.empty(t.shape, dtype=torch.float32, device=q.device) for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
     for b in range(q.shape[0]):
-        kb = k[b].float().repeat_interleave(group, dim=0)
-        vb = v[b].float().repeat_interleave(group, dim=0)
-        scores = torch.matmul(q[b].float(), kb.transpose(-1, -2)) * scale
-        if mask is not None:
-            # masked scores -inf; a row with none visible keeps finite scores (no NaN, even in its gradient)
-            scores = scores.masked_fill(~mask & seen, float("-inf"))
-        out = torch.matmul(torch.softmax(scores, dim=-1), vb)
-        outs.append(out * seen if seen is not None else out)
-    return torch.stack(outs)
+        for h in range(k.shape[1]):
+            heads = slice(h * group, (h + 1) * group)
+            leaves = [t.float().requires_grad_() for t in (q[b, heads], k[b, h : h + 1], v[b, h : h + 1])]
+            block = _reference_block(*leaves, causal, scale)
+            grads = torch.autograd.grad(block, leaves, d_o[b, heads].float())
+            out[b, heads] = block.detach()
+            dq[b, heads], dk[b, h : h + 1], dv[b, h : h + 1] = grads
+    return out, dq, dk, dv
 
 
 def sdpa(q, k, v, causal: bool, scale: float):
@@ -158,12 +188,9 @@ def check_case(attn, case: Case) -> CaseResult:
     sdpa_q = q[:, :, first:].contiguous()
     refs = {}
     if case.grads:
-        leaves = [t.float().requires_grad_() for t in (q, k, v)]
-        ref = reference(*leaves, case.causal, scale)
         d_o = grad_output(case)
-        ref.backward(d_o.float())
-        refs = {"dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad}
-        ref = ref.detach()
+        ref, *grads = reference_grads(q, k, v, case.causal, scale, d_o)
+        refs = dict(zip(("dq", "dk", "dv"), grads))
         sdpa_leaves = [t.clone().requires_grad_() for t in (sdpa_q, k, v)]
         sdpa_out = sdpa(*sdpa_leaves, case.causal, scale)
         sdpa_out.backward(d_o[:, :, first:])
