@@ -52,15 +52,15 @@ __device__ __forceinline__ void mask_causal_t(float (&s)[Cfg::kMTiles][Cfg::kNTi
       }
 }
 
-// S^T = K_j Q_i^T (or dP^T = V_j dO_i^T) for 32 keys per warp: the warp's kMTiles m16 tiles of keys (A: held in
-// registers when Cfg::kKvInRegs, else re-read at a_lane) against one slice of kSliceM queries (B, from b_lane).
+// S^T = K_j Q_i^T (or dP^T = V_j dO_i^T) for 32 keys per warp: the warp's kMTiles m16 tiles of keys (A, re-read
+// at a_lane) against one slice of kSliceM queries (B, from b_lane).
 // Unlike warp_scores, the B ldmatrix takes the A and .trans fragments' lane addressing, row (lane % 8) + 8 ((lane
 // / 8) % 2) and chunk half lane / 16, so b_lane is accumulate_t's b_lane and the chunk offsets are its offsets:
 // fewer live registers beside 128 floats of dK, dV. Lane groups 0..3 then read (queries 0-7, d 0-7), (8-15, 0-7),
 // (0-7, 8-15), (8-15, 8-15): n8 tile 2 np takes b[0], b[2] and tile 2 np + 1 takes b[1], b[3].
 template <class Cfg, class T>
-__device__ __forceinline__ void scores_t(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4], const QFragments<Cfg>& a_frag,
-                                         uint32_t a_lane, uint32_t b_lane, int lane) {
+__device__ __forceinline__ void scores_t(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4], uint32_t a_lane, uint32_t b_lane,
+                                         int lane) {
 #pragma unroll
   for (int mt = 0; mt < Cfg::kMTiles; ++mt)
 #pragma unroll
@@ -73,12 +73,7 @@ __device__ __forceinline__ void scores_t(float (&s)[Cfg::kMTiles][Cfg::kNTiles][
     uint32_t a[Cfg::kMTiles][4];
 #pragma unroll
     for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-      if constexpr (Cfg::kKvInRegs) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) a[mt][r] = a_frag[mt][kc][r];
-      } else {
-        ldmatrix_x4(a[mt], a_lane + mt * 16 * Cfg::kRowBytes + ldmatrix_chunk(kc, half, lane));
-      }
+      ldmatrix_x4(a[mt], a_lane + mt * 16 * Cfg::kRowBytes + ldmatrix_chunk(kc, half, lane));
     }
 #pragma unroll
     for (int np = 0; np < Cfg::kNTiles / 2; ++np) {

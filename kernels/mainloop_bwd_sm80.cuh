@@ -145,9 +145,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const int m0 = (m_first + step % m_blocks) * kBlockM;
 
     // One slice of kSliceM queries at a time (the whole step at 16 keys per warp): q0 is its first query in the block.
-    // Unrolled where K and V are re-read (2 slices at 32 keys: 0 spills; a loop spills); a loop over the 4 slices
-    // beside K and V fragments held in registers spills least.
-#pragma unroll(Cfg::kKvInRegs ? 1 : Cfg::kSlices)
+    // Unrolled (the 2 slices at 32 keys: 0 spills; as a loop they spill).
+#pragma unroll
     for (int slice = 0; slice < Cfg::kSlices; ++slice) {
       const int q0 = slice * Cfg::kSliceM;
       // S^T = K_j Q_i^T, dP^T = V_j dO_i^T (kWarpKeys keys x kSliceM queries per warp)
@@ -158,8 +157,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         fc::warp_scores<Cfg, T>(st, k_frag, k_lane, q_lane, lane);
         fc::warp_scores<Cfg, T>(dpt, v_frag, v_lane, do_lane, lane);
       } else {  // B addressed as in accumulate_t below (scores_t)
-        fc::scores_t<Cfg, T>(st, k_frag, k_lane, fc::smem_addr(q_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
-        fc::scores_t<Cfg, T>(dpt, v_frag, v_lane, fc::smem_addr(do_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
+        fc::scores_t<Cfg, T>(st, k_lane, fc::smem_addr(q_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
+        fc::scores_t<Cfg, T>(dpt, v_lane, fc::smem_addr(do_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
       }
       if (p.causal && key0 + Cfg::kWarpKeys - 1 > m0 + q0 + offset) {
         fc::mask_causal_t<Cfg>(st, key0, m0 + q0, offset, lane);

@@ -26,10 +26,10 @@ struct V11BwdConfig {
   static constexpr int kWarps = kBlockN / kWarpKeys;
   static constexpr int kThreads = kWarps * fc::kWarpSize;
   // The warp walks the step's queries in slices of kSliceM (S^T, dP^T, P^T, dS^T, then that slice's k16 steps
-  // of dV and dK), so that at 32 keys one slice of S^T and dP^T fits beside the 128 floats of dK, dV: 32 queries
-  // (32 floats each) when K and V are re-read from shared memory (once per slice), 16 when their 64 registers of
-  // fragments are held. 16 keys take the whole step at once.
-  static constexpr int kSliceM = kWarpKeys == 16 ? kBlockM : kKvInRegs ? 16 : 32;
+  // of dV and dK), so that at 32 keys one slice of S^T and dP^T (32 queries, 32 floats each) fits beside the 128
+  // floats of dK, dV, with K and V re-read from shared memory once per slice (held, their 64 registers of fragments
+  // leave room for 16-query slices only, and those spilled 28-44 B: not offered). 16 keys take the step at once.
+  static constexpr int kSliceM = kWarpKeys == 16 ? kBlockM : 32;
   static constexpr int kSlices = kBlockM / kSliceM;
   // The warp tile as fa2_mma.cuh's warp_scores sees it: "Q" = the warp's keys, "K" = a slice of the query block.
   static constexpr int kMTiles = kWarpKeys / 16;
@@ -71,6 +71,7 @@ struct V11BwdConfig {
 
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
   static_assert(kWarpKeys == 16 || kWarpKeys == 32, "16 or 32 keys per warp");
+  static_assert(kWarpKeys == 16 || !kKvInRegs, "32 keys per warp re-read K and V (held, they spill)");
   static_assert(kBlockN % kWarpKeys == 0 && kBlockM % kSliceM == 0, "whole warps, whole slices");
   static_assert(kBlockN % 16 == 0 && kBlockM % 16 == 0 && kBlockM <= kPadRows && kPadRows % kBlockM == 0,
                 "BLOCK_N, BLOCK_M: multiples of 16; BLOCK_M divides the padding");

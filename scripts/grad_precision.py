@@ -21,41 +21,18 @@ import math
 import warnings
 
 
-def fp64_reference(q, k, v, causal: bool, scale: float, d_o):
-    """(O, [dq, dk, dv]) in float64, K/V heads repeated, bottom-right causal mask, unseen rows 0."""
-    import torch
-
-    leaves = [t.double().requires_grad_() for t in (q, k, v)]
-    group = q.shape[1] // k.shape[1]
-    scores = leaves[0] @ leaves[1].repeat_interleave(group, 1).transpose(-1, -2) * scale
-    seen = None
-    if causal:
-        i = torch.arange(q.shape[2], device=q.device)[:, None]
-        j = torch.arange(k.shape[2], device=q.device)[None, :]
-        mask = j <= i + k.shape[2] - q.shape[2]
-        seen = mask.any(-1, keepdim=True)
-        scores = scores.masked_fill(~mask & seen, float("-inf"))
-    out = torch.softmax(scores, -1) @ leaves[2].repeat_interleave(group, 1)
-    if seen is not None:
-        out = out * seen
-    out.backward(d_o.double())
-    return out.detach(), [t.grad for t in leaves]
-
-
 def gradients(attn, case, backends) -> tuple[dict, list]:
     """Every row's (dq, dk, dv) for one seeded case, the fp32 reference's, and SDPA default's backend."""
     import torch
     from torch.nn.attention import sdpa_kernel
 
-    from flashcore_cli.check.case import first_seen_row, grad_output, make_inputs, reference, sdpa
+    from flashcore_cli.check.case import first_seen_row, grad_output, make_inputs, reference, reference_grads, sdpa
 
     q, k, v = make_inputs(case)
     d_o = grad_output(case)
     causal, scale, first = case.causal, 1 / math.sqrt(case.shape.head_dim), first_seen_row(case)
-    leaves = [t.float().requires_grad_() for t in (q, k, v)]
-    reference(*leaves, causal, scale).backward(d_o.float())
-    ref = [t.grad for t in leaves]
-    o64, _ = fp64_reference(q, k, v, causal, scale, d_o)
+    _, *ref = reference_grads(q, k, v, causal, scale, d_o)
+    o64 = reference(q, k, v, causal, scale, dtype=torch.float64)
 
     def sdpa_grads(context):
         ls = [t.clone().requires_grad_() for t in (q[:, :, first:].contiguous(), k, v)]

@@ -86,3 +86,13 @@ def test_reference_grads_block_by_block_equal_the_whole_graphs(shape, causal):
     assert torch.allclose(got[0], out.detach(), atol=1e-6)
     for g, w in zip(got[1:], whole):
         assert g.shape == w.shape and torch.allclose(g, w.grad, atol=1e-5)
+
+
+def test_the_reference_in_fp64_matches_the_definition_to_fp64_precision():
+    """reference(..., dtype=torch.float64): what scripts/grad_precision.py takes the exact O from."""
+    gen = torch.Generator().manual_seed(5)
+    shape = Shape(1, 4, 6, 8, 2, 4)
+    q = torch.randn(shape.q_shape, generator=gen)
+    k, v = (torch.randn(shape.kv_shape, generator=gen) for _ in range(2))
+    got = reference(q, k, v, True, 0.3, dtype=torch.float64)
+    assert got.dtype == torch.float64 and torch.allclose(got, naive(q, k, v, True, 0.3), atol=1e-12)

@@ -85,33 +85,35 @@ def causal_mask(seq_len: int, seq_len_kv: int, device):
     return j <= i + (seq_len_kv - seq_len)
 
 
-def reference(q, k, v, causal: bool, scale: float):
-    """Attention in fp32 (differentiable), one batch and K/V head at a time to bound the Sq x Sk scores' memory
-    (without a graph to keep, each block's scores are freed before the next). K/V heads are repeated for
-    grouped-query inputs; a row that sees no key gives 0. Gradients: reference_grads, block by block too."""
+def reference(q, k, v, causal: bool, scale: float, dtype=None):
+    """Attention in fp32 (or `dtype`, e.g. torch.float64; differentiable), one batch and K/V head at a time to
+    bound the Sq x Sk scores' memory (without a graph to keep, each block's scores are freed before the next). K/V
+    heads are repeated for grouped-query inputs; a row that sees no key gives 0. Gradients: reference_grads, block
+    by block too."""
     import torch
 
     group = q.shape[1] // k.shape[1]
     return torch.stack([
-        torch.cat([_reference_block(q[b, h * group:(h + 1) * group], k[b, h:h + 1], v[b, h:h + 1], causal, scale)
-                   for h in range(k.shape[1])])
+        torch.cat([_reference_block(q[b, h * group:(h + 1) * group], k[b, h:h + 1], v[b, h:h + 1], causal, scale,
+                                    dtype) for h in range(k.shape[1])])
         for b in range(q.shape[0])
     ])  # fmt: skip
 
 
-def _reference_block(q, k, v, causal: bool, scale: float):
-    """reference() of one batch: q [Hq, Sq, D], k and v [Hkv, Sk, D] (Hq a multiple of Hkv)."""
+def _reference_block(q, k, v, causal: bool, scale: float, dtype=None):
+    """reference() of one batch: q [Hq, Sq, D], k and v [Hkv, Sk, D] (Hq a multiple of Hkv), in fp32 or `dtype`."""
     import torch
 
+    dtype = dtype or torch.float32
     group = q.shape[0] // k.shape[0]
-    scores = torch.matmul(q.float(), k.float().repeat_interleave(group, dim=0).transpose(-1, -2)) * scale
+    scores = torch.matmul(q.to(dtype), k.to(dtype).repeat_interleave(group, dim=0).transpose(-1, -2)) * scale
     seen = None
     if causal:
         mask = causal_mask(q.shape[1], k.shape[1], q.device)
         seen = mask.any(-1, keepdim=True)  # rows with at least one visible key
         # masked scores -inf; a row with none visible keeps finite scores (no NaN, even in its gradient)
         scores = scores.masked_fill(~mask & seen, float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), v.float().repeat_interleave(group, dim=0))
+    out = torch.matmul(torch.softmax(scores, dim=-1), v.to(dtype).repeat_interleave(group, dim=0))
     return out * seen if seen is not None else out
 
 
