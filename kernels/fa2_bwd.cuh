@@ -15,7 +15,7 @@
 // Fragment and swizzle conventions: mma_sm80.cuh; the forward's helpers (warp_scores) are reused with a
 // configuration whose "Q" is the warp's 16 key rows (32 keys take scores_t). Cfg members read here
 // (v11_bwd_traits.cuh's V11BwdConfig): kHeadDim, kBlockN (keys per CTA), kBlockM (queries per step), kWarpKeys,
-//   kMTiles = kWarpKeys / 16, kSliceM, kNTiles = kSliceM / 8, kDTiles = kHeadDim / 8, kKChunks, kKvInRegs,
+//   kMTiles = kWarpKeys / 16, kSliceM, kNTiles = kSliceM / 8, kDTiles = kHeadDim / 8, kKChunks,
 //   kRowBytes = 2 kHeadDim, kDsRowBytes = 2 kBlockM, kDqTiles (n8 tiles of dQ per warp), kDqMTiles (m16 tiles
 //   of queries in a block).
 #pragma once
