@@ -46,10 +46,10 @@ __global__ void __launch_bounds__(kBlockM * threads_per_row<kHeadDim>()) baselin
   const int row0 = blockIdx.x * kBlockM;
   const int row = row0 + r_local;
   const size_t base = fc::head_offset(p, blockIdx.z, blockIdx.y);
-  const __half* __restrict__ q = p.q + base;  // [S, D] of this (b, h)
-  const __half* __restrict__ k = p.k + base;  // [S, D]
-  const __half* __restrict__ v = p.v + base;  // [S, D]
-  __half* __restrict__ o = p.o + base;        // [S, D]
+  const __half* __restrict__ q = fc::tensor<__half>(p.q) + base;  // [S, D] of this (b, h)
+  const __half* __restrict__ k = fc::tensor<__half>(p.k) + base;  // [S, D]
+  const __half* __restrict__ v = fc::tensor<__half>(p.v) + base;  // [S, D]
+  __half* __restrict__ o = fc::tensor<__half>(p.o) + base;        // [S, D]
 
   for (int i = tid; i < kBlockM * kHeadDim; i += kThreads) {
     const int r = i / kHeadDim, d = i % kHeadDim;

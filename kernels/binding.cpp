@@ -69,10 +69,10 @@ void check_same(const torch::Tensor& t, const char* name, const torch::Tensor& l
 FlashcoreParams params(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        const torch::Tensor& o, bool causal, c10::optional<double> scale, float* lse) {
   FlashcoreParams p;
-  p.q = reinterpret_cast<const __half*>(q.data_ptr());
-  p.k = reinterpret_cast<const __half*>(k.data_ptr());
-  p.v = reinterpret_cast<const __half*>(v.data_ptr());
-  p.o = reinterpret_cast<__half*>(o.data_ptr());
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.o = o.data_ptr();
   p.dtype = q.scalar_type() == torch::kBFloat16 ? kFlashcoreBFloat16 : kFlashcoreFloat16;
   p.batch = static_cast<int>(q.size(0));
   p.heads = static_cast<int>(q.size(1));
@@ -176,10 +176,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> backward(const torch::Te
   FlashcoreBackwardParams b;
   b.fwd = params(q, k, v, o, causal, scale, const_cast<float*>(lse.data_ptr<float>()));
   b.fwd.o_residual = out_residual.has_value() ? out_residual->data_ptr() : nullptr;
-  b.d_o = reinterpret_cast<const __half*>(d_o.data_ptr());
-  b.dq = reinterpret_cast<__half*>(dq.data_ptr());
-  b.dk = reinterpret_cast<__half*>(dk.data_ptr());
-  b.dv = reinterpret_cast<__half*>(dv.data_ptr());
+  b.d_o = d_o.data_ptr();
+  b.dq = dq.data_ptr();
+  b.dk = dk.data_ptr();
+  b.dv = dv.data_ptr();
   b.d_lse = grad_lse.has_value() ? grad_lse->data_ptr<float>() : nullptr;
   const size_t bytes = flashcore_backward_workspace(b.fwd);
   torch::Tensor workspace;

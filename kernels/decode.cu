@@ -151,14 +151,14 @@ __device__ __forceinline__ void decode_attend(const FlashcoreParams& p, const fc
     if constexpr (kTma) {
       if (lane == 0) load_tiles_tma<Cfg>(smem, full, empty, map_k, map_v, work.kv_head, work.tile_begin, work.tile_end);
     } else {
-      load_tiles_cp_async<Cfg>(smem, full, empty, p.k + kv_base, p.v + kv_base, p.seq_len_kv, work.tile_begin,
+      load_tiles_cp_async<Cfg>(smem, full, empty, fc::tensor<__half>(p.k) + kv_base, fc::tensor<__half>(p.v) + kv_base, p.seq_len_kv, work.tile_begin,
                                work.tile_end, lane);
     }
     return;
   }
 
   // Q_i: rows row0 .. row0 + 15 of the group's [M, D] rows in q (zeros past M), straight into A fragments.
-  const __half* q = p.q + static_cast<size_t>(work.kv_head) * plan.rows * Cfg::kHeadDim;  // [M, D]
+  const __half* q = fc::tensor<__half>(p.q) + static_cast<size_t>(work.kv_head) * plan.rows * Cfg::kHeadDim;  // [M, D]
   fc::QFragments<Cfg> q_frag;
   fc::load_q_fragments_global<Cfg>(q_frag, q, work.row0, plan.rows, lane);
 

@@ -114,7 +114,7 @@ __device__ __forceinline__ void store_cta_rows(const float4* stats, const float*
         [&](int w) { return stats[w * Cfg::kBlockM + r]; },
         [&](int w) { return o_part + (w * Cfg::kBlockM + r) * Cfg::kOStride; }, c, l, l_fp32, acc);
     if (plan.splits == 1) {
-      store_output<T>(p.o + row * Cfg::kHeadDim + 8 * c, c == 0 && p.lse != nullptr ? p.lse + row : nullptr, m, l,
+      store_output<T>(fc::tensor<__half>(p.o) + row * Cfg::kHeadDim + 8 * c, c == 0 && p.lse != nullptr ? p.lse + row : nullptr, m, l,
                       l_fp32, acc);
     } else {
       float* record = static_cast<float*>(p.workspace) + record_offset(plan, row, work.split, Cfg::kHeadDim);
@@ -196,7 +196,7 @@ __device__ __forceinline__ void combine_row(const FlashcoreParams& p, const Spli
     acc[0] += a.x; acc[1] += a.y; acc[2] += a.z; acc[3] += a.w;
     acc[4] += b.x; acc[5] += b.y; acc[6] += b.z; acc[7] += b.w;
   }
-  store_output<T>(p.o + row * Cfg::kHeadDim + 8 * c, c == 0 && p.lse != nullptr ? p.lse + row : nullptr, m, l, l_fp32,
+  store_output<T>(fc::tensor<__half>(p.o) + row * Cfg::kHeadDim + 8 * c, c == 0 && p.lse != nullptr ? p.lse + row : nullptr, m, l, l_fp32,
                   acc);
 }
 

@@ -52,10 +52,11 @@ enum FlashcoreFeature : int {
 };
 
 struct FlashcoreParams {
-  const __half* q;  // [B, H, S, D]; the element type is `dtype` (a bf16 rung reinterprets the pointers)
-  const __half* k;  // [B, H_kv, S_kv, D]
-  const __half* v;  // [B, H_kv, S_kv, D]
-  __half* o;        // [B, H, S, D]
+  // The tensors' elements are of type `dtype` (fp16 or bf16): a rung reads them through fc::tensor<T>.
+  const void* q;  // [B, H, S, D]
+  const void* k;  // [B, H_kv, S_kv, D]
+  const void* v;  // [B, H_kv, S_kv, D]
+  void* o;        // [B, H, S, D]
   int batch;
   int heads;        // H: query heads
   int seq_len;      // S: query rows
@@ -77,10 +78,10 @@ struct FlashcoreParams {
 struct FlashcoreBackwardParams {
   FlashcoreParams fwd;  // q, k, v, o (the forward's output), lse (its log-sum-exp), o_residual (its rounding
                         // residual, or nullptr), shapes, scale, causal, dtype
-  const __half* d_o;    // [B, H, S, D]: dL/dO
-  __half* dq;           // [B, H, S, D]
-  __half* dk;           // [B, H_kv, S_kv, D]: summed over the H / H_kv query heads that read each K/V head
-  __half* dv;           // [B, H_kv, S_kv, D]
+  const void* d_o;      // [B, H, S, D]: dL/dO, of type fwd.dtype as every tensor here
+  void* dq;             // [B, H, S, D]
+  void* dk;             // [B, H_kv, S_kv, D]: summed over the H / H_kv query heads that read each K/V head
+  void* dv;             // [B, H_kv, S_kv, D]
   const float* d_lse;   // [B, H, S] fp32: dL/dLSE where the forward's LSE was used too, else nullptr (zero)
   void* workspace;      // flashcore_backward_workspace(fwd) bytes, 256-byte aligned, contents undefined
 };
@@ -120,6 +121,17 @@ size_t flashcore_backward_workspace(const FlashcoreParams& p);
 const char* flashcore_backward(const FlashcoreBackwardParams& p, cudaStream_t stream);
 
 namespace fc {
+
+// A tensor of FlashcoreParams (void*: its element type is p.dtype) as elements of T, the type the rung runs on
+// (__half or __nv_bfloat16; a rung that moves 16-bit elements without arithmetic may read either as __half).
+template <class T>
+__host__ __device__ __forceinline__ const T* tensor(const void* ptr) {
+  return static_cast<const T*>(ptr);
+}
+template <class T>
+__host__ __device__ __forceinline__ T* tensor(void* ptr) {
+  return static_cast<T*>(ptr);
+}
 
 constexpr int kWarpSize = 32;
 

@@ -30,15 +30,15 @@ __global__ void __launch_bounds__(256) v11_bwd_prep(FlashcoreBackwardParams b, W
   float dot = 0.f;
   if (head && row < p.seq_len) {
     const size_t offset = (static_cast<size_t>(bh) * p.seq_len + row) * kHeadDim + chunk * 8;
-    const uint4 o = *reinterpret_cast<const uint4*>(p.o + offset);
-    const uint4 d_o = *reinterpret_cast<const uint4*>(b.d_o + offset);
+    const uint4 o = *reinterpret_cast<const uint4*>(fc::tensor<T>(p.o) + offset);
+    const uint4 d_o = *reinterpret_cast<const uint4*>(fc::tensor<T>(b.d_o) + offset);
     const T* ov = reinterpret_cast<const T*>(&o);
     const T* dv = reinterpret_cast<const T*>(&d_o);
     float o32[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) o32[i] = static_cast<float>(ov[i]);
     if (p.o_residual != nullptr) {  // the fp32 O: D from the O that the kernel's P made, not its rounding
-      const uint4 r = *reinterpret_cast<const uint4*>(static_cast<const __half*>(p.o_residual) + offset);
+      const uint4 r = *reinterpret_cast<const uint4*>(fc::tensor<T>(p.o_residual) + offset);
       const T* rv = reinterpret_cast<const T*>(&r);
 #pragma unroll
       for (int i = 0; i < 8; ++i) o32[i] += static_cast<float>(rv[i]);
@@ -91,8 +91,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const int bh = bh0 + step / m_blocks;
     const int m0 = (m_first + step % m_blocks) * kBlockM;
     const size_t base = static_cast<size_t>(bh) * seq_len * kHeadDim;
-    fc::copy_rows_async<Cfg, kBlockM>(q_stage(s), p.q + base, m0, seq_len, tid);
-    fc::copy_rows_async<Cfg, kBlockM>(do_stage(s), b.d_o + base, m0, seq_len, tid);
+    fc::copy_rows_async<Cfg, kBlockM>(q_stage(s), fc::tensor<__half>(p.q) + base, m0, seq_len, tid);
+    fc::copy_rows_async<Cfg, kBlockM>(do_stage(s), fc::tensor<__half>(b.d_o) + base, m0, seq_len, tid);
     if (tid < 2 * kBlockM / 4) {  // LSE log2 e, then D: 16 bytes per thread (rows padded to kPadRows)
       const int half = tid / (kBlockM / 4), i = tid % (kBlockM / 4);
       const float* src = (half == 0 ? w.lse2 : w.dsum) + static_cast<size_t>(bh) * w.padded_rows + m0 + 4 * i;
@@ -100,8 +100,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     }
   };
 
-  fc::copy_rows_async<Cfg, kBlockN>(k_s, p.k + kv_base, n0, seq_len_kv, tid);
-  fc::copy_rows_async<Cfg, kBlockN>(v_s, p.v + kv_base, n0, seq_len_kv, tid);
+  fc::copy_rows_async<Cfg, kBlockN>(k_s, fc::tensor<__half>(p.k) + kv_base, n0, seq_len_kv, tid);
+  fc::copy_rows_async<Cfg, kBlockN>(v_s, fc::tensor<__half>(p.v) + kv_base, n0, seq_len_kv, tid);
   if (steps > 0) load_step(0, 0);
   fc::cp_async_commit();
 
@@ -199,8 +199,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
 
   // dK = scale dS^T Q, dV = P^T dO for this warp's kWarpKeys keys (zeros where no query sees them)
-  fc::store_rows_t<Cfg, T>(b.dk + kv_base, dk, p.scale, key0, seq_len_kv, lane);
-  fc::store_rows_t<Cfg, T>(b.dv + kv_base, dv, 1.f, key0, seq_len_kv, lane);
+  fc::store_rows_t<Cfg, T>(fc::tensor<__half>(b.dk) + kv_base, dk, p.scale, key0, seq_len_kv, lane);
+  fc::store_rows_t<Cfg, T>(fc::tensor<__half>(b.dv) + kv_base, dv, 1.f, key0, seq_len_kv, lane);
 }
 
 // ---- dq: dQ = scale * accumulator, 8 elements per thread ----
@@ -216,6 +216,6 @@ __global__ void __launch_bounds__(256) v11_bwd_dq(FlashcoreBackwardParams b, Wor
   out.y = fc::Element<T>::pack(lo.z * s, lo.w * s);
   out.z = fc::Element<T>::pack(hi.x * s, hi.y * s);
   out.w = fc::Element<T>::pack(hi.z * s, hi.w * s);
-  reinterpret_cast<uint4*>(b.dq)[i] = out;
+  fc::tensor<uint4>(b.dq)[i] = out;
 }
 

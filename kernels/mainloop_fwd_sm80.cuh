@@ -52,12 +52,12 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   const int head = p.heads_kv == p.heads ? bh : (bh / p.heads) * p.heads_kv + (bh % p.heads) / (p.heads / p.heads_kv);
   const size_t base = static_cast<size_t>(bh) * seq_len * kHeadDim;
   const size_t kv_base = static_cast<size_t>(head) * seq_len_kv * kHeadDim;
-  const __half* __restrict__ q = p.q + base;     // [S, D] of this (b, h)
-  const __half* __restrict__ k = p.k + kv_base;  // [S_kv, D]
-  const __half* __restrict__ v = p.v + kv_base;  // [S_kv, D]
-  __half* __restrict__ o = p.o + base;           // [S, D]
+  const __half* __restrict__ q = fc::tensor<__half>(p.q) + base;     // [S, D] of this (b, h)
+  const __half* __restrict__ k = fc::tensor<__half>(p.k) + kv_base;  // [S_kv, D]
+  const __half* __restrict__ v = fc::tensor<__half>(p.v) + kv_base;  // [S_kv, D]
+  __half* __restrict__ o = fc::tensor<__half>(p.o) + base;           // [S, D]
   // [S, D]: O's rounding residual, written only by a training forward
-  __half* residual = p.o_residual != nullptr ? static_cast<__half*>(p.o_residual) + base : nullptr;
+  __half* residual = p.o_residual != nullptr ? fc::tensor<__half>(p.o_residual) + base : nullptr;
 
   unsigned char* q_s = smem;                                                     // [kBlockM][D]
   auto k_stage = [&](int stage) { return smem + Cfg::kQBytes + stage * Cfg::kStageBytes; };  // [kTileN][D]

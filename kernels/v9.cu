@@ -589,9 +589,9 @@ __global__ void __launch_bounds__(kThreads, 2) v9_fwd(FlashcoreParams p) {
   __syncthreads();  // the only CTA-wide barrier: the mbarriers exist before either role touches them
 
   if (warp == kConsumerWarps) {
-    produce_kv<kHeadDim, kKeySplit>(p, p.k + base, p.v + base, K_ring, V_ring, full, empty, row0, n_tiles, lane);
+    produce_kv<kHeadDim, kKeySplit>(p, fc::tensor<__half>(p.k) + base, fc::tensor<__half>(p.v) + base, K_ring, V_ring, full, empty, row0, n_tiles, lane);
   } else {
-    consume_kv<kHeadDim, kKeySplit>(p, p.q + base, p.o + base, K_ring, V_ring, smem + L::kScratch, full, empty,
+    consume_kv<kHeadDim, kKeySplit>(p, fc::tensor<__half>(p.q) + base, fc::tensor<__half>(p.o) + base, K_ring, V_ring, smem + L::kScratch, full, empty,
                                     row0, n_tiles, warp, lane);
   }
 }

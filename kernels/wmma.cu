@@ -106,10 +106,10 @@ __global__ void __launch_bounds__(kThreads) wmma_fwd(FlashcoreParams p) {
   const int warp = tid / fc::kWarpSize, lane = tid % fc::kWarpSize;
   const int row0 = blockIdx.x * kBlockM;
   const size_t base = fc::head_offset(p, blockIdx.z, blockIdx.y);
-  const __half* __restrict__ q = p.q + base;  // [S, D] of this (b, h)
-  const __half* __restrict__ k = p.k + base;  // [S, D]
-  const __half* __restrict__ v = p.v + base;  // [S, D]
-  __half* __restrict__ o = p.o + base;        // [S, D]
+  const __half* __restrict__ q = fc::tensor<__half>(p.q) + base;  // [S, D] of this (b, h)
+  const __half* __restrict__ k = fc::tensor<__half>(p.k) + base;  // [S, D]
+  const __half* __restrict__ v = fc::tensor<__half>(p.v) + base;  // [S, D]
+  __half* __restrict__ o = fc::tensor<__half>(p.o) + base;        // [S, D]
 
   // Softmax and P V: lanes l and l + 16 share row 16 * warp + l % 16 of the warp's own S stripe, columns
   // (and output dims) split in halves. Consecutive lanes on consecutive rows keep the 16-byte S reads of

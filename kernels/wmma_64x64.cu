@@ -110,10 +110,10 @@ __global__ void __launch_bounds__(kThreads) wmma_64x64_fwd(FlashcoreParams p) {
   const int warp = tid / fc::kWarpSize, lane = tid % fc::kWarpSize;
   const int row0 = blockIdx.x * kBlockM;
   const size_t base = fc::head_offset(p, blockIdx.z, blockIdx.y);
-  const __half* __restrict__ q = p.q + base;  // [S, D] of this (b, h)
-  const __half* __restrict__ k = p.k + base;  // [S, D]
-  const __half* __restrict__ v = p.v + base;  // [S, D]
-  __half* __restrict__ o = p.o + base;        // [S, D]
+  const __half* __restrict__ q = fc::tensor<__half>(p.q) + base;  // [S, D] of this (b, h)
+  const __half* __restrict__ k = fc::tensor<__half>(p.k) + base;  // [S, D]
+  const __half* __restrict__ v = fc::tensor<__half>(p.v) + base;  // [S, D]
+  __half* __restrict__ o = fc::tensor<__half>(p.o) + base;        // [S, D]
 
   // Tensor-core work: warp w reads query stripe w / 2 and takes half w % 2 of the keys (Q K^T) and of the
   // output dims (P V).

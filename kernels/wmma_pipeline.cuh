@@ -64,10 +64,10 @@ struct Pipeline : PipelineTraits<kHeadDim_, kBlockM_, kBlockN_, kWarpsN_, kStage
     const int row0 = query_tile * kBlockM;
     const int stripe_row0 = row0 + warp_m * kFrag;
     const size_t head = fc::head_offset(p, blockIdx.z, blockIdx.y);
-    const __half* __restrict__ q = p.q + head;  // [S, D] of this (b, h)
-    const __half* __restrict__ k = p.k + head;  // [S, D]
-    const __half* __restrict__ v = p.v + head;  // [S, D]
-    __half* __restrict__ o = p.o + head;        // [S, D]
+    const __half* __restrict__ q = fc::tensor<__half>(p.q) + head;  // [S, D] of this (b, h)
+    const __half* __restrict__ k = fc::tensor<__half>(p.k) + head;  // [S, D]
+    const __half* __restrict__ v = fc::tensor<__half>(p.v) + head;  // [S, D]
+    __half* __restrict__ o = fc::tensor<__half>(p.o) + head;        // [S, D]
     const float scale_log2 = p.scale * kLog2e;  // softmax in base 2: exp(x) = exp2(x log2 e)
 
     // Under causal masking no row of this CTA sees a key at or past row0 + kBlockM.
