@@ -15,7 +15,8 @@
 // Fragment and swizzle conventions: mma_sm80.cuh; the forward's helpers (warp_scores) are reused with a
 // configuration whose "Q" is the warp's 16 key rows (32 keys take scores_t). Cfg members read here
 // (v11_bwd_traits.cuh's V11BwdConfig): kHeadDim, kBlockN (keys per CTA), kBlockM (queries per step), kWarpKeys,
-//   kMTiles = kWarpKeys / 16, kSliceM, kNTiles = kSliceM / 8, kDTiles = kHeadDim / 8, kKChunks,
+//   kMTiles = kWarpKeys / 16, kSliceM, kNTiles = kSliceM / 8, kDTiles = kHeadDim / 8, kAccDTiles (n8 tiles of dK, dV
+//   per warp: kDTiles, or half of them where a pair of warps shares its keys, kDHalves = 2), kKChunks,
 //   kRowBytes = 2 kHeadDim, kDsRowBytes = 2 kBlockM, kDqTiles (n8 tiles of dQ per warp), kDqMTiles (m16 tiles
 //   of queries in a block).
 #pragma once
@@ -142,6 +143,36 @@ __device__ __forceinline__ void accumulate_t(const float (&a)[Cfg::kMTiles][Cfg:
   }
 }
 
+// Warp pairs (kDHalves = 2): acc (kWarpKeys keys x this warp's half of D) += A B, where A is the pair's kWarpKeys x
+// kBlockM tile of P^T or dS^T in shared memory (the dS^T layout, rows row0 .., read by plain ldmatrix: keys are its
+// rows) and B the step's [kBlockM][D] dO_i or Q_i from b_lane (its first row plus the lane's row, as accumulate_t's),
+// columns from n8 tile 2 d_pair0 on. Each B fragment serves every m16 tile of keys.
+template <class Cfg, class T>
+__device__ __forceinline__ void accumulate_smem_t(const unsigned char* a_tile, int row0,
+                                                  float (&acc)[Cfg::kMTiles][Cfg::kAccDTiles][4], uint32_t b_lane,
+                                                  int d_pair0, int lane) {
+  const uint32_t a_base = smem_addr(a_tile);
+  const int a_row = row0 + (lane & 7) + ((lane >> 3) & 1) * 8, half = lane >> 4;
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockM / 16; ++kk) {
+    uint32_t a[Cfg::kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+      ldmatrix_x4(a[mt], a_base + ds_offset<Cfg::kDsRowBytes>(a_row + 16 * mt, 2 * kk + half));
+    }
+#pragma unroll
+    for (int dp = 0; dp < Cfg::kAccDTiles / 2; ++dp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, b_lane + kk * 16 * Cfg::kRowBytes + ldmatrix_chunk(d_pair0 + dp, half, lane));
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+        Element<T>::mma(acc[mt][2 * dp], a[mt], b[0], b[1]);
+        Element<T>::mma(acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
 // The warp's dS^T rows (keys row0 .. row0 + kWarpKeys - 1) of one slice (queries from 8 chunk0, the slice's
 // first 16-byte chunk of a row) as T into the dS^T tile: lane (g, t) writes keys 16 mt + g and 16 mt + g + 8,
 // queries 2t and 2t + 1 of every n8 tile (one 4-byte store each).
@@ -235,10 +266,10 @@ __device__ __forceinline__ void stage_dq(float* dq_s, const float (&acc)[Cfg::kD
   }
 }
 
-// A warp's kWarpKeys rows of dK or dV (C fragments, times `scale`) as T into rows row0 .. of a [S_kv, D] tensor;
-// rows at or past seq_len_kv are not written.
+// A warp's kWarpKeys rows of dK or dV (C fragments, times `scale`; kAccDTiles n8 tiles of columns from dst's first)
+// as T into rows row0 .. of a [S_kv, D] tensor; rows at or past seq_len_kv are not written.
 template <class Cfg, class T>
-__device__ __forceinline__ void store_rows_t(__half* dst, const float (&acc)[Cfg::kMTiles][Cfg::kDTiles][4], float scale,
+__device__ __forceinline__ void store_rows_t(__half* dst, const float (&acc)[Cfg::kMTiles][Cfg::kAccDTiles][4], float scale,
                                              int row0, int seq_len_kv, int lane) {
 #pragma unroll
   for (int mt = 0; mt < Cfg::kMTiles; ++mt)
@@ -248,7 +279,7 @@ __device__ __forceinline__ void store_rows_t(__half* dst, const float (&acc)[Cfg
       if (row >= seq_len_kv) continue;
       uint32_t* out = reinterpret_cast<uint32_t*>(dst + static_cast<size_t>(row) * Cfg::kHeadDim) + (lane & 3);
 #pragma unroll
-      for (int d = 0; d < Cfg::kDTiles; ++d)
+      for (int d = 0; d < Cfg::kAccDTiles; ++d)
         out[4 * d] = Element<T>::pack(acc[mt][d][2 * h] * scale, acc[mt][d][2 * h + 1] * scale);
     }
 }

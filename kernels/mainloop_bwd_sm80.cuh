@@ -1,6 +1,7 @@
 // mainloop_bwd_sm80.cuh — v11's backward kernels on mma.sync: the prep pass (D = rowsum(dO o O), LSE in log2
 // units, the dQ accumulator zeroed), the main loop of a K/V-stationary CTA over the query blocks that see its
-// keys (S^T, dP^T, dV, dK from registers; dS^T through shared memory for dQ) with its epilogue (dK, dV
+// keys (S^T, dP^T, dV, dK from registers; dS^T through shared memory for dQ; at D = 128 on sm_90 warp pairs
+// exchange P^T and dS^T through shared memory too and take dV, dK after the barrier) with its epilogue (dK, dV
 // stored), and the pass that rounds dQ. The warp-level parts are fa2_bwd.cuh; the configuration
 // v11_bwd_traits.cuh; the launcher v11_bwd.cu.
 #pragma once
@@ -79,6 +80,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   auto q_stage = [&](int s) { return smem + Cfg::kStageOffset + s * 2 * Cfg::kQBytes; };  // [kBlockM][D]
   auto do_stage = [&](int s) { return q_stage(s) + Cfg::kQBytes; };                        // [kBlockM][D]
   unsigned char* ds_s = smem + Cfg::kDsOffset;  // dS^T [kBlockN][kBlockM]
+  unsigned char* pt_s = smem + Cfg::kPtOffset;  // P^T [kBlockN][kBlockM] (warp pairs, kDHalves = 2)
   float* dq_s = reinterpret_cast<float*>(smem + Cfg::kDqOffset);  // [kDqPanels][kBlockM][32] fp32, swizzled (sm_90)
   auto stats = [&](int s) { return reinterpret_cast<float*>(smem + Cfg::kStatsOffset) + s * 2 * kBlockM; };
 
@@ -109,12 +111,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   // (lane % 8) + 8 (lane / 16).
   const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;
   const int b_row = (lane & 7) + (lane >> 4) * 8;
-  const int key0 = n0 + warp * Cfg::kWarpKeys;  // this warp's keys
-  const uint32_t k_lane = fc::smem_addr(k_s) + (warp * Cfg::kWarpKeys + a_row) * Cfg::kRowBytes;
-  const uint32_t v_lane = fc::smem_addr(v_s) + (warp * Cfg::kWarpKeys + a_row) * Cfg::kRowBytes;
+  // this warp's keys (shared with the other warp of its pair, which takes the other half of D, where kDHalves = 2)
+  const int key_warp = warp / Cfg::kDHalves, d_half = warp % Cfg::kDHalves;
+  const int key0 = n0 + key_warp * Cfg::kWarpKeys;
+  const uint32_t k_lane = fc::smem_addr(k_s) + (key_warp * Cfg::kWarpKeys + a_row) * Cfg::kRowBytes;
+  const uint32_t v_lane = fc::smem_addr(v_s) + (key_warp * Cfg::kWarpKeys + a_row) * Cfg::kRowBytes;
   fc::QFragments<Cfg> k_frag, v_frag;  // the warp's K and V rows as A fragments (kKvInRegs)
 
-  float dk[Cfg::kMTiles][Cfg::kDTiles][4] = {}, dv[Cfg::kMTiles][Cfg::kDTiles][4] = {};
+  float dk[Cfg::kMTiles][Cfg::kAccDTiles][4] = {}, dv[Cfg::kMTiles][Cfg::kAccDTiles][4] = {};
 
   // sm_90: the staged dQ_i of step `step` goes out by TMA reduce-add (thread 0) once every warp has written it
   auto reduce_dq = [&](int step) {
@@ -128,10 +132,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   for (int step = 0; step < steps; ++step) {
     const int s = step & 1;
-    if (step + 1 < steps) load_step(step + 1, s ^ 1);  // stage s ^ 1 was last read before step - 1's dS barrier
-    fc::cp_async_commit();
-    fc::cp_async_wait<1>();
-    __syncthreads();
+    if constexpr (Cfg::kDHalves == 1) {
+      if (step + 1 < steps) load_step(step + 1, s ^ 1);  // stage s ^ 1 was last read before step - 1's dS barrier
+      fc::cp_async_commit();
+      fc::cp_async_wait<1>();
+      __syncthreads();
+    } else {  // warp pairs read stage s ^ 1 after step - 1's dS barrier too (dV, dK): load it after this one
+      fc::cp_async_wait<0>();
+      __syncthreads();
+      if (step + 1 < steps) load_step(step + 1, s ^ 1);
+      fc::cp_async_commit();
+    }
     if constexpr (Cfg::kTmaDq) {
       if (tid == 0 && step > 0) reduce_dq(step - 1);
     }
@@ -148,7 +159,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     // Unrolled (the 2 slices at 32 keys: 0 spills; as a loop they spill).
 #pragma unroll
     for (int slice = 0; slice < Cfg::kSlices; ++slice) {
-      const int q0 = slice * Cfg::kSliceM;
+      const int q0 = (Cfg::kDHalves == 2 ? d_half : slice) * Cfg::kSliceM;
       // S^T = K_j Q_i^T, dP^T = V_j dO_i^T (kWarpKeys keys x kSliceM queries per warp)
       float st[Cfg::kMTiles][Cfg::kNTiles][4], dpt[Cfg::kMTiles][Cfg::kNTiles][4];
       if constexpr (Cfg::kWarpKeys == 16) {
@@ -165,15 +176,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       }
       // P^T = exp(S^T * scale - LSE), dS^T = P^T o (dP^T - D)
       fc::probabilities_and_ds_t<Cfg>(st, dpt, stats(s) + q0, stats(s) + kBlockM + q0, scale_log2, lane);
-      // dV += P^T dO_i, dK += dS^T Q_i (the slice's k16 steps)
-      fc::accumulate_t<Cfg, T>(st, dv, fc::smem_addr(do_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
-      fc::accumulate_t<Cfg, T>(dpt, dk, fc::smem_addr(q_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
-      fc::store_ds_t<Cfg, T>(ds_s, dpt, warp * Cfg::kWarpKeys, q0 / 8, lane);
+      if constexpr (Cfg::kDHalves == 1) {
+        // dV += P^T dO_i, dK += dS^T Q_i (the slice's k16 steps)
+        fc::accumulate_t<Cfg, T>(st, dv, fc::smem_addr(do_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
+        fc::accumulate_t<Cfg, T>(dpt, dk, fc::smem_addr(q_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
+      } else {  // the pair's other half of the queries is in the other warp's registers: both go through shared memory
+        fc::store_ds_t<Cfg, T>(pt_s, st, key_warp * Cfg::kWarpKeys, q0 / 8, lane);
+      }
+      fc::store_ds_t<Cfg, T>(ds_s, dpt, key_warp * Cfg::kWarpKeys, q0 / 8, lane);
     }
     if constexpr (Cfg::kTmaDq) {
       if (tid == 0) fc::tma_store_wait_read<0>();  // the last step's dQ has left the staging tile
     }
     __syncthreads();
+    if constexpr (Cfg::kDHalves == 2) {  // dV += P^T dO_i, dK += dS^T Q_i: the pair's keys, this warp's half of D
+      const int d_pair0 = d_half * (Cfg::kAccDTiles / 2);
+      fc::accumulate_smem_t<Cfg, T>(pt_s, key_warp * Cfg::kWarpKeys, dv,
+                                    fc::smem_addr(do_stage(s)) + a_row * Cfg::kRowBytes, d_pair0, lane);
+      fc::accumulate_smem_t<Cfg, T>(ds_s, key_warp * Cfg::kWarpKeys, dk,
+                                    fc::smem_addr(q_stage(s)) + a_row * Cfg::kRowBytes, d_pair0, lane);
+    }
     // dQ_i += dS K_j, this warp's share, into the accumulator
 #pragma unroll
     for (int unit = warp; unit < Cfg::kDqUnits; unit += Cfg::kWarps) {
@@ -199,8 +221,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
 
   // dK = scale dS^T Q, dV = P^T dO for this warp's kWarpKeys keys (zeros where no query sees them)
-  fc::store_rows_t<Cfg, T>(fc::tensor<__half>(b.dk) + kv_base, dk, p.scale, key0, seq_len_kv, lane);
-  fc::store_rows_t<Cfg, T>(fc::tensor<__half>(b.dv) + kv_base, dv, 1.f, key0, seq_len_kv, lane);
+  const size_t column0 = kv_base + d_half * (kHeadDim / Cfg::kDHalves);  // this warp's half of D (kDHalves = 2)
+  fc::store_rows_t<Cfg, T>(fc::tensor<__half>(b.dk) + column0, dk, p.scale, key0, seq_len_kv, lane);
+  fc::store_rows_t<Cfg, T>(fc::tensor<__half>(b.dv) + column0, dv, 1.f, key0, seq_len_kv, lane);
 }
 
 // ---- dq: dQ = scale * accumulator, 8 elements per thread ----

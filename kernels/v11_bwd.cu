@@ -27,8 +27,12 @@
 //          the step in 32-query slices and re-reads K and V per slice (held, they need 16-query slices and
 //          spill). The L4: 128 keys (8 warps of 16) with K and V in registers (81 KB; one 4-warp CTA per SM
 //          would be all its 99 KB allow). Short grids (below one wave of SMs): 32 keys (2 warps of 16) x 64.
-//   D=128  16 keys per warp (32 would need 256 registers of dK, dV): sm_90 128 keys (8 warps) x 64 queries
-//          (177 KB); the L4 build and short grids 64 keys x 32 queries (68.5 KB); K and V re-read.
+//   D=128  sm_90: 128 keys x 64 queries (193 KB), 8 warps in pairs: a pair shares 32 keys (one warp's 32 keys
+//          would need 256 registers of dK, dV), each warp computes S^T, dP^T for 32 of the 64 queries, both write
+//          P^T and dS^T to shared memory, and after the barrier each accumulates dK, dV for its half of D over
+//          all 64 queries (each Q_i, dO_i fragment then serves 32 keys: 19% less shared-memory traffic per
+//          step than 16 keys per warp). The L4 build and short grids: 16 keys per warp, 64 keys x 32 queries
+//          (68.5 KB); K and V re-read.
 //
 // Run:  flashcore test v11 && flashcore bench v11 --pass bwd --shape 2,16,4096,64
 //
@@ -37,7 +41,9 @@
 //
 // Measured (the lent H100, cold, the backward alone beside SDPA's FA2 in the same run; the table and its record
 // in docs/ladder.md, "v11's backward"): 32 keys per warp at D=64 took 2,16,4096,64 from 1502 to 1195 us (FA2
-// 1322: 1.11x) and causal from 898 to 780 (FA2 831: 1.07x); D=128 stays at 0.93-0.94x FA2.
+// 1322: 1.11x) and causal from 898 to 780 (FA2 831: 1.07x). Warp pairs at D=128 took 2,16,4096,128 from 2606
+// to 2556 us and causal from 1543 to 1504 (FA2 2397 and 1468: 0.94x and 0.98x; a ~10% gain was predicted from
+// the traffic, docs/ladder.md says where it went).
 // Where the time went before (ncu on the H200, 16 keys per warp at 2,16,4096,64): tensor pipe 36% busy, the
 // L1/shared-memory pipe 76.5%, 8 warps per SM with 0.42 eligible per scheduler: shared-memory traffic per FLOP
 // (each warp re-reading all of Q_i and dO_i for 16 keys) and barriers with no other CTA to fill them.

@@ -182,6 +182,7 @@ GQA_SHAPES = [
     (2, 4, 4, 513, 1000),
     (1, 32, 4, 64, 333),
     (1, 6, 2, 300, 128),
+    (2, 16, 8, 100, 1200),  # a backward grid of more key blocks than SMs (v11's long configuration)
     # decode rungs (at most 16 query rows): every query tile shape of a group, long and odd caches, Sq > Sk
     (3, 64, 8, 1, 4099),
     (1, 32, 8, 4, 1000),
