@@ -7,8 +7,8 @@
 // a cp.async ring in XOR-swizzled shared memory, read by ldmatrix .x4 (.trans for V) free of bank conflicts.
 // Parts: v11_traits.cuh (the tile configurations), mainloop_fwd_sm80.cuh (a CTA's prologue, main loop and epilogue),
 // fa2_mma.cuh (the warp's fragments), tma.cuh, v11_kernels.cuh (the kernels and their launcher, instantiated here for
-// fp16 and in v11_bf16.cu for bf16: two translation units that compile in parallel); this file holds the contract's
-// entry points. Backward: v11_bwd.cu.
+// fp16 at D=64, in v11_bf16.cu for bf16 at D=64 and in v11_d128.cu for both at D=128: three translation units that
+// compile in parallel); this file holds the contract's entry points. Backward: v11_bwd.cu.
 //
 // Change from the rungs below (v8-v10, WMMA): WMMA's fragment layout is unspecified, so they sent every tile's
 // scores through shared memory for the softmax, and P again for P V, with barriers between; PTX specifies
@@ -65,7 +65,7 @@
 #include "flashcore.h"
 #include "v11_kernels.cuh"
 
-// The bf16 half (v11_bf16.cu) and the backward (v11_bwd.cu), each its own translation unit.
+// The bf16 half (v11_bf16.cu; D=128 in v11_d128.cu) and the backward (v11_bwd.cu), each its own translation unit.
 const char* v11_forward_bf16(const FlashcoreParams& p, cudaStream_t stream);
 int v11_plan_bf16(int head_dim, FlashcoreKernelPlan* plans);
 int v11_backward_plan(int head_dim, FlashcoreKernelPlan* plans);

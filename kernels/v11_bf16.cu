@@ -1,6 +1,7 @@
-// v11_bf16.cu — v11's forward on bf16 tensors: the same kernels as v11.cu's (v11_kernels.cuh), instantiated for
-// __nv_bfloat16 (mma .bf16, P and O rounded to bf16, kernels named v11_fwd*_bf16) in a translation unit of
-// their own, compiled beside v11.cu's fp16 half. v11.cu's flashcore_forward and flashcore_plan call these two.
+// v11_bf16.cu — v11's forward on bf16 tensors: the same kernels as v11.cu's D=64 ones (v11_kernels.cuh; D=128 is
+// v11_d128.cu's), instantiated for __nv_bfloat16 (mma .bf16, P and O rounded to bf16, kernels named
+// v11_fwd*_bf16) in a translation unit of their own, compiled beside v11.cu's fp16 half. v11.cu's
+// flashcore_forward and flashcore_plan call these two.
 #include "flashcore.h"
 #include "v11_kernels.cuh"
 

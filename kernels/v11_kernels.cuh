@@ -1,6 +1,7 @@
-// v11_kernels.cuh — v11's forward kernels and their launcher, for one element type per translation unit: v11.cu
-// instantiates them for fp16, v11_bf16.cu for bf16, so the two halves compile in parallel (and an edit of v11.cu
-// recompiles its half alone). The kernels' bodies are mainloop_fwd_sm80.cuh; the story is v11.cu's header.
+// v11_kernels.cuh — v11's forward kernels and their launcher, split over translation units that compile in
+// parallel (an edit of one recompiles it alone): v11.cu instantiates the D=64 kernels for fp16, v11_bf16.cu for
+// bf16, v11_d128.cu the D=128 kernels of both (v11_forward_d128, v11_plan_d128 below). The kernels' bodies are
+// mainloop_fwd_sm80.cuh; the story is v11.cu's header.
 #pragma once
 
 #include "flashcore.h"
@@ -220,11 +221,17 @@ static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
   return launch_prefer_tma<Long, LongTma, T>(p, stream);
 }
 
+// D=128: instantiated for fp16 and bf16 in v11_d128.cu only.
+template <class T>
+const char* v11_forward_d128(const FlashcoreParams& p, cudaStream_t stream);
+template <class T>
+int v11_plan_d128(FlashcoreKernelPlan* all);
+
 template <class T>
 static const char* forward_dtype(const FlashcoreParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
     case 64: return forward<LongD64, LongTmaD64, ShortD64, ShortTmaD64, T>(p, stream);
-    case 128: return forward<LongD128, void, ShortD128, void, T>(p, stream);
+    case 128: return v11_forward_d128<T>(p, stream);
     default: return fc::unsupported_head_dim(p.head_dim);
   }
 }
@@ -248,8 +255,7 @@ static int plan_dtype(int head_dim, FlashcoreKernelPlan* all) {
     if (fc::kBuildsSm90) all[count++] = tma_plan_of<LongTmaD64, T>();
     if (fc::kBuildsSm90) all[count++] = tma_plan_of<ShortTmaD64, T>();
   } else if (head_dim == 128) {
-    all[count++] = plan_of<LongD128, T>();
-    all[count++] = plan_of<ShortD128, T>();
+    count += v11_plan_d128<T>(all);
   }
   return count;
 }
