@@ -43,7 +43,8 @@
 // in docs/ladder.md, "v11's backward"): 32 keys per warp at D=64 took 2,16,4096,64 from 1502 to 1195 us (FA2
 // 1322: 1.11x) and causal from 898 to 780 (FA2 831: 1.07x). Warp pairs at D=128 took 2,16,4096,128 from 2606
 // to 2556 us and causal from 1543 to 1504 (FA2 2397 and 1468: 0.94x and 0.98x; a ~10% gain was predicted from
-// the traffic, docs/ladder.md says where it went).
+// the traffic, docs/ladder.md says where it went). Tried and not kept: 64-key warp-pair CTAs, two per SM, dQ by
+// red.add (no room for the staging tile): 3221 us against 2571 (causal 1841 against 1529), same run.
 // Where the time went before (ncu on the H200, 16 keys per warp at 2,16,4096,64): tensor pipe 36% busy, the
 // L1/shared-memory pipe 76.5%, 8 warps per SM with 0.42 eligible per scheduler: shared-memory traffic per FLOP
 // (each warp re-reading all of Q_i and dO_i for 16 keys) and barriers with no other CTA to fill them.
