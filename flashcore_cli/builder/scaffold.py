@@ -283,7 +283,8 @@ def run_new(registry_path, name: str, source_name: str) -> int:
     from flashcore_cli.core.console import console
 
     target, registry, renames = scaffold(registry_path, name, source_name)
-    console.print(f"wrote {escape(str(target))} (a copy of {source_name}: {', '.join(f'{k} -> {v}' for k, v in renames.items())})", highlight=False, soft_wrap=True)
+    renamed = f": {', '.join(f'{k} -> {v}' for k, v in renames.items())}" if renames else ""
+    console.print(f"wrote {escape(str(target))} (a copy of {source_name}{renamed})", highlight=False, soft_wrap=True)
     console.print(f"wrote {escape(str(registry))} (appended the entry '{name}')", highlight=False, soft_wrap=True)
     flashcore = f"flashcore {registry_flag(registry)}"
     console.print(f"next: write its header, then `{escape(flashcore)}ptxas {name}` and `{escape(flashcore)}test {name}`", highlight=False, soft_wrap=True)
