@@ -119,27 +119,12 @@ __device__ __forceinline__ void probabilities_and_ds_t(float (&s)[Cfg::kMTiles][
 template <class Cfg, class T>
 __device__ __forceinline__ void accumulate_t(const float (&a)[Cfg::kMTiles][Cfg::kNTiles][4],
                                              float (&acc)[Cfg::kMTiles][Cfg::kDTiles][4], uint32_t b_lane, int lane) {
-  const int b_chunk = lane >> 4;
 #pragma unroll
   for (int kk = 0; kk < Cfg::kNTiles / 2; ++kk) {
     uint32_t pa[Cfg::kMTiles][4];
 #pragma unroll
-    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-      pa[mt][0] = Element<T>::pack(a[mt][2 * kk][0], a[mt][2 * kk][1]);
-      pa[mt][1] = Element<T>::pack(a[mt][2 * kk][2], a[mt][2 * kk][3]);
-      pa[mt][2] = Element<T>::pack(a[mt][2 * kk + 1][0], a[mt][2 * kk + 1][1]);
-      pa[mt][3] = Element<T>::pack(a[mt][2 * kk + 1][2], a[mt][2 * kk + 1][3]);
-    }
-#pragma unroll
-    for (int dp = 0; dp < Cfg::kDTiles / 2; ++dp) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, b_lane + kk * 16 * Cfg::kRowBytes + ldmatrix_chunk(dp, b_chunk, lane));
-#pragma unroll
-      for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-        Element<T>::mma(acc[mt][2 * dp], pa[mt], b[0], b[1]);
-        Element<T>::mma(acc[mt][2 * dp + 1], pa[mt], b[2], b[3]);
-      }
-    }
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) pack_a_fragment<T>(pa[mt], a[mt][2 * kk], a[mt][2 * kk + 1]);
+    mma_trans_b<Cfg, T, Cfg::kDTiles / 2>(acc, pa, b_lane + kk * 16 * Cfg::kRowBytes, 0, lane);
   }
 }
 
@@ -160,16 +145,7 @@ __device__ __forceinline__ void accumulate_smem_t(const unsigned char* a_tile, i
     for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
       ldmatrix_x4(a[mt], a_base + ds_offset<Cfg::kDsRowBytes>(a_row + 16 * mt, 2 * kk + half));
     }
-#pragma unroll
-    for (int dp = 0; dp < Cfg::kAccDTiles / 2; ++dp) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, b_lane + kk * 16 * Cfg::kRowBytes + ldmatrix_chunk(d_pair0 + dp, half, lane));
-#pragma unroll
-      for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-        Element<T>::mma(acc[mt][2 * dp], a[mt], b[0], b[1]);
-        Element<T>::mma(acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
-      }
-    }
+    mma_trans_b<Cfg, T, Cfg::kAccDTiles / 2>(acc, a, b_lane + kk * 16 * Cfg::kRowBytes, d_pair0, lane);
   }
 }
 

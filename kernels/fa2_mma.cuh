@@ -257,33 +257,47 @@ __device__ __forceinline__ void online_softmax(float (&s)[Cfg::kMTiles][Cfg::kNT
 // (m_i * scale_log2 is rounded, so exp2 at the row max is 1 +- 2^-11) still gets O / l = V on a one-hot row,
 // where summing the fp32 P put numerator and denominator up to 2^-12 apart (one output ulp at |v| ~ 100).
 // The mma also gives each lane its row's whole sum: no quad reduction at the end.
+// The A fragment of one k16 step made from the C fragments of two n8 tiles (c_lo: k 0-7, c_hi: k 8-15), packed to
+// T: the register identity that lets P V (and the backward's P^T dO, dS^T Q) run from the scores' registers.
+template <class T>
+__device__ __forceinline__ void pack_a_fragment(uint32_t (&a)[4], const float (&c_lo)[4], const float (&c_hi)[4]) {
+  a[0] = Element<T>::pack(c_lo[0], c_lo[1]);
+  a[1] = Element<T>::pack(c_lo[2], c_lo[3]);
+  a[2] = Element<T>::pack(c_hi[0], c_hi[1]);
+  a[3] = Element<T>::pack(c_hi[2], c_hi[3]);
+}
+
+// acc[mt][2 dp], acc[mt][2 dp + 1] += a[mt] B for dp < kDPairs: one k16 step whose B ([k16][D] in shared memory,
+// b_step = the step's first row plus this lane's row (lane % 8) + 8 ((lane / 8) % 2)) is read by ldmatrix .trans
+// from n8 tile 2 (d_pair0 + dp) on (matrices 2, 3 of a pair: the odd d-tile); each B fragment serves every m16 tile.
+template <class Cfg, class T, int kDPairs>
+__device__ __forceinline__ void mma_trans_b(float (&acc)[Cfg::kMTiles][2 * kDPairs][4],
+                                            const uint32_t (&a)[Cfg::kMTiles][4], uint32_t b_step, int d_pair0,
+                                            int lane) {
+#pragma unroll
+  for (int dp = 0; dp < kDPairs; ++dp) {
+    uint32_t b[4];  // b[0], b[1]: d-tile 2 dp; b[2], b[3]: d-tile 2 dp + 1
+    fc::ldmatrix_x4_trans(b, b_step + fc::ldmatrix_chunk(d_pair0 + dp, lane >> 4, lane));
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+      Element<T>::mma(acc[mt][2 * dp], a[mt], b[0], b[1]);
+      Element<T>::mma(acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
+    }
+  }
+}
+
 template <class Cfg, class T = __half>
 __device__ __forceinline__ void accumulate_pv(const float (&s)[Cfg::kMTiles][Cfg::kNTiles][4],
                                               float (&o)[Cfg::kMTiles][Cfg::kDTiles][4],
                                               float (&l_i)[Cfg::kMTiles][2], uint32_t v_lane, int lane) {
-  const int v_chunk = lane >> 4;  // matrices 2, 3 of a .trans pair: d-tile 2 dp + 1
   constexpr uint32_t kOnes = Element<T>::kOnes;  // two 1.0: the B fragment of a ones column
   float row_sum[Cfg::kMTiles][4] = {};          // c0 = c1: row g, c2 = c3: row g + 8
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
     uint32_t pa[Cfg::kMTiles][4];
 #pragma unroll
-    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-      pa[mt][0] = Element<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-      pa[mt][1] = Element<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-      pa[mt][2] = Element<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-      pa[mt][3] = Element<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-    }
-#pragma unroll
-    for (int dp = 0; dp < Cfg::kDTiles / 2; ++dp) {
-      uint32_t b[4];  // b[0], b[1]: d-tile 2 dp; b[2], b[3]: d-tile 2 dp + 1
-      fc::ldmatrix_x4_trans(b, v_lane + kk * 16 * Cfg::kRowBytes + fc::ldmatrix_chunk(dp, v_chunk, lane));
-#pragma unroll
-      for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-        Element<T>::mma(o[mt][2 * dp], pa[mt], b[0], b[1]);
-        Element<T>::mma(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
-      }
-    }
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) pack_a_fragment<T>(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+    mma_trans_b<Cfg, T, Cfg::kDTiles / 2>(o, pa, v_lane + kk * 16 * Cfg::kRowBytes, 0, lane);
 #pragma unroll
     for (int mt = 0; mt < Cfg::kMTiles; ++mt) Element<T>::mma(row_sum[mt], pa[mt], kOnes, kOnes);
   }
