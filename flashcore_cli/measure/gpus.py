@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -54,6 +55,27 @@ class LaneLost:
     reason: str
 
 
+def _terminate(pool: ProcessPoolExecutor) -> None:
+    """Kill a lane's process now (a job in it is abandoned): ProcessPoolExecutor.terminate_workers from Python 3.14,
+    its worker processes by hand before that."""
+    if hasattr(pool, "terminate_workers"):
+        pool.terminate_workers()
+        return
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        if process.is_alive():
+            process.terminate()
+
+
+def _wait_all(events: list[threading.Event], timeout: float) -> None:
+    """Wait for every lane to have wound down, at most `timeout` seconds in all. A lane is done only after its pool
+    has shut down, so no concurrent.futures manager thread is still closing its wake-up pipe when the interpreter's
+    exit hook writes to it (a race in Python <= 3.11 that prints 'OSError: Bad file descriptor' at exit). Events, not
+    Thread.join: a join interrupted by Ctrl-C marks its thread stopped in Python 3.11, and a second join returns at once."""
+    deadline = time.monotonic() + timeout
+    for event in events:
+        event.wait(max(0.0, deadline - time.monotonic()))
+
+
 def map_on_gpus(fn, jobs: list, gpus: list[str], on_done=None) -> list:
     """fn(job) for every job, each in the lane of some GPU; results in job order, a LaneLost for a job whose lane
     died. on_done(index, result, gpu) is called (from a lane's thread, under a lock) as each job finishes or is
@@ -67,17 +89,27 @@ def map_on_gpus(fn, jobs: list, gpus: list[str], on_done=None) -> list:
     pending = list(range(len(jobs)))
     lock = threading.Lock()
     failures: list[BaseException] = []
+    pools: list[ProcessPoolExecutor] = []
+    interrupted = False
 
     def finish(index: int, result, gpu: str) -> None:  # under the lock
         results[index] = result
         if on_done:
             on_done(index, result, gpu)
 
-    def lane(gpu: str) -> None:
+    def lane(gpu: str, done: threading.Event) -> None:
+        try:
+            run_lane(gpu)
+        finally:  # set only once the pool has shut down (its manager and queue threads joined)
+            done.set()
+
+    def run_lane(gpu: str) -> None:
         with ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_pin, initargs=(gpu,)) as pool:
+            with lock:
+                pools.append(pool)
             while True:
                 with lock:
-                    if not pending or failures:
+                    if not pending or failures or interrupted:
                         return
                     index = pending.pop(0)
                 try:
@@ -90,7 +122,8 @@ def map_on_gpus(fn, jobs: list, gpus: list[str], on_done=None) -> list:
                     result = future.result()
                 except BrokenProcessPool:
                     with lock:
-                        finish(index, LaneLost(gpu, f"the lane process of GPU {gpu} died while running it (killed, or out of memory?)"), gpu)
+                        if not interrupted:  # not a lane we stopped ourselves
+                            finish(index, LaneLost(gpu, f"the lane process of GPU {gpu} died while running it (killed, or out of memory?)"), gpu)
                     return
                 except BaseException as exc:  # a bug in fn: stop handing out jobs, re-raise below
                     with lock:
@@ -99,11 +132,20 @@ def map_on_gpus(fn, jobs: list, gpus: list[str], on_done=None) -> list:
                 with lock:
                     finish(index, result, gpu)
 
-    threads = [threading.Thread(target=lane, args=(g,), daemon=True) for g in gpus[: len(jobs)]]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    lanes_done = [threading.Event() for _ in gpus[: len(jobs)]]
+    for gpu, done in zip(gpus, lanes_done):
+        threading.Thread(target=lane, args=(gpu, done), daemon=True).start()
+    try:
+        for done in lanes_done:
+            done.wait()
+    except BaseException:  # Ctrl-C (or any signal raised here): stop every lane now, and wait for each to wind down
+        with lock:
+            interrupted = True
+            stopping = list(pools)
+        for pool in stopping:
+            _terminate(pool)
+        _wait_all(lanes_done, timeout=10)
+        raise
     if failures:
         raise failures[0]
     for index in pending:  # every lane died before these ran
