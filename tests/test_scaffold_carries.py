@@ -97,3 +97,23 @@ def test_a_source_that_is_not_utf8_is_one_line(project):
     assert result.exit_code == 2, result.output
     assert f"{source}: not a UTF-8 text file" in said(result) and "Traceback" not in result.output
     assert (project / "variants.yaml").read_text() == before and not (project / "kernels" / "mine.cu").exists()
+
+
+def test_a_copy_of_a_rung_of_several_files_shares_the_others_and_links(tmp_path, nvcc, fresh_cache, table_rows):
+    """v11 is four translation units (v11.cu calls its bf16 half, its D=128 kernels and its backward in the
+    others): the copy of v11.cu lists them after itself, so it links and ptxas reports its kernels."""
+    (tmp_path / "pyproject.toml").write_text("")
+    shutil.copytree(REPO / "kernels", tmp_path / "kernels")
+    shutil.copy(REPO / "variants.yaml", tmp_path / "variants.yaml")
+    result = new(tmp_path, "my11", "--from", "v11")
+    assert result.exit_code == 0, result.output
+    registry = load_registry(tmp_path / "variants.yaml")
+    copy, original = registry.get("my11"), registry.get("v11")
+    others = tuple(s for s in original.sources if s.name != "v11.cu")
+    assert len(others) >= 1 and copy.sources == (tmp_path / "kernels" / "my11.cu", *others)
+    assert all(s.name in said(result) for s in others)  # the user is told which files are shared
+    result = runner.invoke(app, ["--registry", str(tmp_path / "variants.yaml"), "ptxas", "my11", "--arch", "sm_89"])
+    assert result.exit_code == 0, result.output
+    rows = [r for r in table_rows if r.get("variant") == "my11"]
+    assert rows and not any("compile failed" in r.get("kernel", "") for r in rows), rows
+    assert any("bwd" in r.get("kernel", "") for r in rows)  # the shared backward's kernels are in the copy

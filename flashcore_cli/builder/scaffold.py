@@ -3,8 +3,10 @@
 The source variant's kernel file is copied to kernels/NAME.cu under a fresh header (the rung's story, to be
 written: idea, change from the previous rung, ptxas, measured), with its __global__ kernels renamed
 (v8_fwd -> NAME_fwd, everywhere in the file, so flashcore_plan's kernel name strings follow), so that the
-copy's kernels are told apart from the original's in ptxas, sass and ncu output. A registry entry is
-appended to variants.yaml as text, so the file's comments and layout stay as they are.
+copy's kernels are told apart from the original's in ptxas, sass and ncu output. A variant of several
+translation units (v11: its bf16 half, D=128 kernels and backward beside v11.cu) has only the one that defines
+flashcore_plan copied; the copy's entry lists the others after it, shared as they are, so it links. A registry
+entry is appended to variants.yaml as text, so the file's comments and layout stay as they are.
 
 The entry carries every key of the source's entry that defines what the variant is and how it is built
 (flags, defines, head_dims, causal, archs, dtypes, features, tune, and any key added later), copied from
@@ -122,9 +124,10 @@ def scaffold_source(source: str, new: str, old: str) -> tuple[str, dict[str, str
     return header + body, renames
 
 
-def registry_entry(text: str, name: str, source_rel: str, variant, raw: dict | None = None) -> str:
-    """The YAML of the new entry, indented like the file's first entry: the source entry's defining keys
-    (`raw`, as the registry file has them; else rebuilt from `variant`), in its order, in flow style."""
+def registry_entry(text: str, name: str, sources: list[str], variant, raw: dict | None = None) -> str:
+    """The YAML of the new entry, indented like the file's first entry: its sources (the copy, then the files it
+    shares with `variant`), then the source entry's defining keys (`raw`, as the registry file has them; else
+    rebuilt from `variant`), in its order, in flow style."""
     import json
 
     m = re.search(r"^([ \t]*)-[ \t]+name:", text, re.MULTILINE)
@@ -133,7 +136,7 @@ def registry_entry(text: str, name: str, source_rel: str, variant, raw: dict | N
     carried = {k: v for k, v in (raw if raw is not None else _entry_of(variant)).items() if k not in _NOT_CARRIED}
     lines = [
         f"{dash}- name: {name}",
-        f"{key}sources: [{source_rel}]",
+        f"{key}sources: [{', '.join(sources)}]",
         f'{key}summary: "Copy of {variant.name}, scaffolded by flashcore new: replace with the idea in one line"',
     ]
     for k, value in carried.items():
@@ -238,11 +241,13 @@ def scaffold(registry_path, name: str, source_name: str) -> tuple[Path, Path, di
     target = reg.root / "kernels" / f"{name}.cu"
     if target.exists():
         raise FlashcoreError(f"{target} already exists; pick another name or remove it")
-    text, renames = scaffold_source(read_source(plan_source(src)), name, src.name)
+    original = plan_source(src)
+    text, renames = scaffold_source(read_source(original), name, src.name)
 
     registry_text = reg.path.read_text(encoding="utf-8")
-    source_rel = Path(os.path.relpath(target, reg.path.parent)).as_posix()
-    entry = registry_entry(registry_text, name, source_rel, src, raw_entry(registry_text, src.name))
+    sources = [Path(os.path.relpath(path, reg.path.parent)).as_posix()
+               for path in (target, *shared_sources(src, original))]  # fmt: skip
+    entry = registry_entry(registry_text, name, sources, src, raw_entry(registry_text, src.name))
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
@@ -261,7 +266,13 @@ def scaffold(registry_path, name: str, source_name: str) -> tuple[Path, Path, di
         reg.path.write_text(registry_text, encoding="utf-8")
         target.unlink()
         raise FlashcoreError(f"the new entry did not validate, nothing was changed: {exc}") from None
-    return target, reg.path, renames
+    return target, reg.path, shared_sources(src, original), renames
+
+
+def shared_sources(variant, copied: Path) -> list[Path]:
+    """The variant's other sources, which the copy lists after its own file and shares as they are: the
+    translation units that define what the copied one calls (v11.cu's bf16 half, D=128 kernels and backward)."""
+    return [s for s in variant.sources if s.resolve() != copied.resolve()]
 
 
 def registry_flag(registry: Path, cwd: Path | None = None) -> str:
@@ -282,9 +293,12 @@ def run_new(registry_path, name: str, source_name: str) -> int:
 
     from flashcore_cli.core.console import console
 
-    target, registry, renames = scaffold(registry_path, name, source_name)
+    target, registry, shared, renames = scaffold(registry_path, name, source_name)
     renamed = f": {', '.join(f'{k} -> {v}' for k, v in renames.items())}" if renames else ""
     console.print(f"wrote {escape(str(target))} (a copy of {source_name}{renamed})", highlight=False, soft_wrap=True)
+    if shared:
+        listed = ", ".join(os.path.relpath(s, registry.parent) for s in shared)
+        console.print(f"shared with {source_name}, not copied: {escape(listed)}", highlight=False, soft_wrap=True)
     console.print(f"wrote {escape(str(registry))} (appended the entry '{name}')", highlight=False, soft_wrap=True)
     flashcore = f"flashcore {registry_flag(registry)}"
     console.print(f"next: write its header, then `{escape(flashcore)}ptxas {name}` and `{escape(flashcore)}test {name}`", highlight=False, soft_wrap=True)
