@@ -44,8 +44,11 @@
 //   1,32:8,1:131072,128         143.2 us, 3748 GB/s  142.7 us, 3762      1.00x      >= 3.8 TB/s: not met
 //   16,64:8,1:16384,128         264.1 us, 4068 GB/s  255.6 us, 4202      0.97x      >= 1.0x cuDNN: not met
 //   4,32:8,4:16384,128          80.5 us, 3339 GB/s   204.8 us, 1312      2.54x      >= 2.5x cuDNN: met
-// Where the rest goes is not yet measured (no ncu run of this rung so far): the split count's cost constants
-// are guesses, and the two single-split-wave shapes (B64, B16 H64) trail cuDNN by 3-4%.
+// Where the rest goes (docs/ladder.md, "Profiled and swept"): ncu on the H200 has the split kernel alone streaming
+// K/V at 96-99% of what the GPU reads (8,32:8,1:8192,128: 66.2 us, 4.09 TB/s); the small rows lose the rest to the
+// cold-mode launch floor (~3.5 us), the ramp of the CTAs and the combine. Sweeping the split count and the ring
+// depth on the H100 gained 0.3-1.5% at best, within or at the edge of the p10-p90 spread, so the plan's constants
+// stand; the two single-split shapes (B64, B16 H64) still trail cuDNN by 3-4%.
 #include "flashcore.h"
 #include "decode_combine.cuh"
 #include "decode_load.cuh"
