@@ -225,7 +225,7 @@ def read_source(path: Path) -> str:
         raise FlashcoreError(f"{path}: cannot read it ({exc.strerror or exc})") from None
 
 
-def scaffold(registry_path, name: str, source_name: str) -> tuple[Path, Path, dict[str, str]]:
+def scaffold(registry_path, name: str, source_name: str) -> tuple[Path, Path, list[Path], dict[str, str]]:
     from flashcore_cli.registry.variants import load_registry
 
     reg = load_registry(registry_path)
