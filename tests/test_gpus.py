@@ -215,9 +215,9 @@ def test_sweep_on_two_real_gpus(tmp_path, monkeypatch):
 
 def test_ctrl_c_stops_every_lane_at_once_and_quietly(tmp_path):
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) during a map on two lanes: the caller gets
-    KeyboardInterrupt at once and exits 130, with no traceback, no thread of map_on_gpus still running when it does,
-    and no lane left running. (multiprocessing's
-    resource tracker may still print a "leaked semaphore" warning at exit, intermittently: not asserted here.)"""
+    KeyboardInterrupt at once and exits 130, with no traceback, no pool thread of map_on_gpus still running when it
+    does, and no lane left running. (multiprocessing's resource tracker may still print a "leaked semaphore" warning
+    at exit, intermittently: not asserted here.)"""
     import subprocess
     import sys
 

@@ -243,10 +243,10 @@ def scaffold(registry_path, name: str, source_name: str) -> tuple[Path, Path, li
         raise FlashcoreError(f"{target} already exists; pick another name or remove it")
     original = plan_source(src)
     text, renames = scaffold_source(read_source(original), name, src.name)
+    shared = shared_sources(src, original)
 
     registry_text = reg.path.read_text(encoding="utf-8")
-    sources = [Path(os.path.relpath(path, reg.path.parent)).as_posix()
-               for path in (target, *shared_sources(src, original))]  # fmt: skip
+    sources = [Path(os.path.relpath(path, reg.path.parent)).as_posix() for path in (target, *shared)]
     entry = registry_entry(registry_text, name, sources, src, raw_entry(registry_text, src.name))
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -266,7 +266,7 @@ def scaffold(registry_path, name: str, source_name: str) -> tuple[Path, Path, li
         reg.path.write_text(registry_text, encoding="utf-8")
         target.unlink()
         raise FlashcoreError(f"the new entry did not validate, nothing was changed: {exc}") from None
-    return target, reg.path, shared_sources(src, original), renames
+    return target, reg.path, shared, renames
 
 
 def shared_sources(variant, copied: Path) -> list[Path]:
