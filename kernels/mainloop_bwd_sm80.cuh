@@ -1,9 +1,8 @@
-// mainloop_bwd_sm80.cuh — v11's backward kernels on mma.sync: the prep pass (D = rowsum(dO o O), LSE in log2
-// units, the dQ accumulator zeroed), the main loop of a K/V-stationary CTA over the query blocks that see its
-// keys (S^T, dP^T, dV, dK from registers; dS^T through shared memory for dQ; at D = 128 on sm_90 warp pairs
-// exchange P^T and dS^T through shared memory too and take dV, dK after the barrier) with its epilogue (dK, dV
-// stored), and the pass that rounds dQ. The warp-level parts are fa2_bwd.cuh; the configuration
-// v11_bwd_traits.cuh; the launcher v11_bwd.cu.
+// mainloop_bwd_sm80.cuh — v11's backward kernel on mma.sync: the main loop of a K/V-stationary CTA over the query
+// blocks that see its keys (S^T, dP^T, dV, dK from registers; dS^T through shared memory for dQ; at D = 128 on
+// sm_90 warp pairs exchange P^T and dS^T through shared memory too and take dV, dK after the barrier) with its
+// epilogue (dK, dV stored). The warp-level parts are fa2_bwd.cuh; the configuration v11_bwd_traits.cuh; the
+// passes before and after it bwd_passes.cuh; the launcher v11_bwd.cu.
 #pragma once
 
 #include "fa2_bwd.cuh"
@@ -14,50 +13,6 @@
 #include "v11_bwd_traits.cuh"
 
 #include <cstdint>
-
-// ---- prep: D = rowsum(dO o O) - dLSE (O + its residual where the forward wrote one), LSE log2 e (padding rows:
-// D = 0, LSE = +inf), dQ accumulator = 0 ----
-// One thread per 8 elements of a row; the kChunks threads of a row are consecutive lanes.
-template <int kHeadDim, class T>
-__global__ void __launch_bounds__(256) v11_bwd_prep(FlashcoreBackwardParams b, Workspace w) {
-  constexpr int kChunks = kHeadDim / 8;
-  const FlashcoreParams& p = b.fwd;
-  const long long thread = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const long long row_flat = thread / kChunks;  // over (b * H + h, padded row)
-  const int chunk = static_cast<int>(thread % kChunks);
-  const long long bh = row_flat / w.padded_rows;
-  const int row = static_cast<int>(row_flat % w.padded_rows);
-  const bool head = bh < static_cast<long long>(p.batch) * p.heads;  // (no early return: the row's lanes shuffle)
-  float dot = 0.f;
-  if (head && row < p.seq_len) {
-    const size_t offset = (static_cast<size_t>(bh) * p.seq_len + row) * kHeadDim + chunk * 8;
-    const uint4 o = *reinterpret_cast<const uint4*>(fc::tensor<T>(p.o) + offset);
-    const uint4 d_o = *reinterpret_cast<const uint4*>(fc::tensor<T>(b.d_o) + offset);
-    const T* ov = reinterpret_cast<const T*>(&o);
-    const T* dv = reinterpret_cast<const T*>(&d_o);
-    float o32[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) o32[i] = static_cast<float>(ov[i]);
-    if (p.o_residual != nullptr) {  // the fp32 O: D from the O that the kernel's P made, not its rounding
-      const uint4 r = *reinterpret_cast<const uint4*>(fc::tensor<T>(p.o_residual) + offset);
-      const T* rv = reinterpret_cast<const T*>(&r);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) o32[i] += static_cast<float>(rv[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) dot += o32[i] * static_cast<float>(dv[i]);
-    float4* acc = reinterpret_cast<float4*>(w.dq_accum + offset);
-    acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-    acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  dot = fc::group_sum<kChunks>(dot);
-  if (head && chunk == 0) {
-    const size_t at = static_cast<size_t>(bh) * w.padded_rows + row;
-    const size_t src = static_cast<size_t>(bh) * p.seq_len + row;
-    w.dsum[at] = row < p.seq_len ? dot - (b.d_lse != nullptr ? b.d_lse[src] : 0.f) : 0.f;
-    w.lse2[at] = row < p.seq_len ? p.lse[src] * kBwdLog2e : INFINITY;
-  }
-}
 
 // ---- main: one CTA per (key block, batch * K/V head) ----
 template <class Cfg, class T>
@@ -225,20 +180,3 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   fc::store_rows_t<Cfg, T>(fc::tensor<__half>(b.dk) + column0, dk, p.scale, key0, seq_len_kv, lane);
   fc::store_rows_t<Cfg, T>(fc::tensor<__half>(b.dv) + column0, dv, 1.f, key0, seq_len_kv, lane);
 }
-
-// ---- dq: dQ = scale * accumulator, 8 elements per thread ----
-template <class T>
-__global__ void __launch_bounds__(256) v11_bwd_dq(FlashcoreBackwardParams b, Workspace w, long long chunks) {
-  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= chunks) return;
-  const float4* src = reinterpret_cast<const float4*>(w.dq_accum) + 2 * i;
-  const float4 lo = src[0], hi = src[1];
-  const float s = b.fwd.scale;
-  uint4 out;
-  out.x = fc::Element<T>::pack(lo.x * s, lo.y * s);
-  out.y = fc::Element<T>::pack(lo.z * s, lo.w * s);
-  out.z = fc::Element<T>::pack(hi.x * s, hi.y * s);
-  out.w = fc::Element<T>::pack(hi.z * s, hi.w * s);
-  fc::tensor<uint4>(b.dq)[i] = out;
-}
-

@@ -17,8 +17,8 @@
 // deterministic (the order of the fp32 additions from different key blocks varies from run to run).
 //
 // Change from the rungs below: the first backward of the ladder. v11's forward (v11.cu) writes the LSE.
-// Parts: v11_bwd_traits.cuh (configurations, workspace), mainloop_bwd_sm80.cuh (the three kernels), fa2_bwd.cuh
-// (the warp's fragments); this file launches them.
+// Parts: v11_bwd_traits.cuh (configurations), bwd_passes.cuh (workspace, prep and dq), mainloop_bwd_sm80.cuh
+// (main), fa2_bwd.cuh (the warp's fragments); this file launches them.
 //
 // Configuration (V11BwdConfig<D, BLOCK_N, BLOCK_M, KV_IN_REGS, WARP_KEYS>):
 //   D=64   sm_90: 128 keys (4 warps of 32 keys) x 64 queries per step, two CTAs per SM (97 KB each): the two
@@ -77,7 +77,7 @@ const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   const Workspace w = carve(b);
   const long long heads = static_cast<long long>(p.batch) * p.heads;
   const long long prep_threads = heads * w.padded_rows * (Cfg::kHeadDim / 8);
-  v11_bwd_prep<Cfg::kHeadDim, T><<<static_cast<unsigned>((prep_threads + 255) / 256), 256, 0, stream>>>(b, w);
+  bwd_prep<Cfg::kHeadDim, T><<<static_cast<unsigned>((prep_threads + 255) / 256), 256, 0, stream>>>(b, w);
   if (const char* err = fc::launch_status()) return err;
 
   constexpr auto kernel = v11_bwd<Cfg, T>;
@@ -100,7 +100,7 @@ const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   if (const char* err = fc::launch_status()) return err;
 
   const long long chunks = heads * p.seq_len * (Cfg::kHeadDim / 8);
-  v11_bwd_dq<T><<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream>>>(b, w, chunks);
+  bwd_dq<T><<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream>>>(b, w, chunks);
   return fc::launch_status();
 }
 
@@ -140,8 +140,8 @@ FlashcoreKernelPlan main_plan() {
 template <int kHeadDim, class T, class... Cfgs>
 int plan_dtype(FlashcoreKernelPlan* plans) {
   static char prep[64], dq[64];
-  snprintf(prep, sizeof(prep), "v11_bwd_prep<%d, %s>", kHeadDim, type_name<T>());
-  snprintf(dq, sizeof(dq), "v11_bwd_dq<%s>", type_name<T>());
+  snprintf(prep, sizeof(prep), "bwd_prep<%d, %s>", kHeadDim, type_name<T>());
+  snprintf(dq, sizeof(dq), "bwd_dq<%s>", type_name<T>());
   int n = 0;
   plans[n++] = {prep, 256, 0};
   ((plans[n++] = main_plan<Cfgs, T>()), ...);

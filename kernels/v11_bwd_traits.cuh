@@ -1,9 +1,10 @@
 // v11_bwd_traits.cuh — v11's backward configurations: V11BwdConfig (keys per CTA, queries per step, the warp
 // tile as fa2_mma.cuh sees it, how dQ_i is shared by the warps, the shared-memory layout), the configurations
-// each build and grid takes, and the workspace (the fp32 dQ accumulator, LSE * log2 e and D) carved from the
-// binding's scratch. Read by mainloop_bwd_sm80.cuh and v11_bwd.cu's launcher.
+// each build and grid takes. Read by mainloop_bwd_sm80.cuh and v11_bwd.cu's launcher (the workspace and the
+// passes before and after the main kernel: bwd_passes.cuh).
 #pragma once
 
+#include "bwd_passes.cuh"
 #include "flashcore.h"
 #include "tma.cuh"
 
@@ -11,8 +12,6 @@
 #include <type_traits>
 
 constexpr int kBwdMaxSmemBytes = 101376;  // the L4's 99 KB opt-in limit per block
-constexpr float kBwdLog2e = 1.4426950408889634f;
-constexpr int kPadRows = 64;  // LSE and D are padded per head to a multiple of every BLOCK_M
 
 template <int kHeadDim_, int kBlockN_, int kBlockM_, bool kKvInRegs_, int kWarpKeys_ = 16>
 struct V11BwdConfig {
@@ -127,34 +126,3 @@ using BwdD128 = std::conditional_t<fc::kBuildsSm90, V11BwdConfig<128, 128, 64, f
 // (two warps) make four times as many CTAs (1,8,512,64: 128 instead of 32); at D=128, 64 keys.
 using BwdShortD64 = V11BwdConfig<64, 32, 64, true>;
 using BwdShortD128 = V11BwdConfig<128, 64, 32, false>;
-
-// Workspace: the fp32 dQ accumulator [B, H, S, D], then LSE * log2 e and D, each [B, H, S_pad] fp32.
-struct Workspace {
-  float* dq_accum;
-  float* lse2;
-  float* dsum;
-  int padded_rows;  // S_pad
-};
-
-inline size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-inline int padded_rows(int seq_len) { return fc::ceil_div(seq_len, kPadRows) * kPadRows; }
-
-inline size_t dq_accum_bytes(const FlashcoreParams& p) {
-  return align256(static_cast<size_t>(p.batch) * p.heads * p.seq_len * p.head_dim * 4);
-}
-
-inline size_t stats_bytes(const FlashcoreParams& p) {
-  return align256(static_cast<size_t>(p.batch) * p.heads * padded_rows(p.seq_len) * 4);
-}
-
-inline Workspace carve(const FlashcoreBackwardParams& b) {
-  unsigned char* base = static_cast<unsigned char*>(b.workspace);
-  Workspace w;
-  w.padded_rows = padded_rows(b.fwd.seq_len);
-  w.dq_accum = reinterpret_cast<float*>(base);
-  w.lse2 = reinterpret_cast<float*>(base + dq_accum_bytes(b.fwd));
-  w.dsum = reinterpret_cast<float*>(base + dq_accum_bytes(b.fwd) + stats_bytes(b.fwd));
-  return w;
-}
-
