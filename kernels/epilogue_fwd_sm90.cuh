@@ -1,6 +1,7 @@
 // epilogue_fwd_sm90.cuh — v12's epilogue, one consumer warpgroup's rows of an item: O / l rounded to T into the
-// warpgroup's rows of O's staging tile (Q_i's swizzled layout), the row LSE, then one TMA store per 64-column
-// panel, which clips rows past S. O has a tile of its own, so the next item's Q_i lands meanwhile; the first
+// warpgroup's rows of O's staging tile (Q_i's swizzled layout), the row LSE (and O's rounding residual where a
+// training forward asks for it: flashcore.h's o_residual), then one TMA store per 64-column panel, which clips
+// rows past S. O has a tile of its own, so the next item's Q_i lands meanwhile; the first
 // barrier waits for this warpgroup's previous store to have read it.
 #pragma once
 
@@ -43,6 +44,22 @@ __device__ __forceinline__ void store_rows(const FlashcoreParams& p, const Maps&
       const int row = first_row + r_local + 8 * h;
       const float l = o[4 * (kHeadDim / 8) + 2 * h];
       if (row < p.seq_len) lse[row] = l > 0.f ? (st.m[h] + __log2f(l)) * 0.6931471805599453f : INFINITY;
+    }
+  }
+  if (p.o_residual != nullptr) {  // a training forward: what the rounding of O dropped, for the backward's D
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = first_row + r_local + 8 * h;
+      const float l = o[4 * (kHeadDim / 8) + 2 * h];
+      const float inv_l = l > 0.f ? 1.f / l : 0.f;
+      if (row >= p.seq_len) continue;
+      T* res = fc::tensor<T>(p.o_residual) + (static_cast<size_t>(bh) * p.seq_len + row) * kHeadDim;
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        const float a = o[4 * j + 2 * h] * inv_l, b = o[4 * j + 2 * h + 1] * inv_l;
+        const float2 kept = unpack2<T>(pack2<T>(a, b));
+        *reinterpret_cast<uint32_t*>(res + 8 * j + 2 * (tid % 4)) = pack2<T>(a - kept.x, b - kept.y);
+      }
     }
   }
   fc::fence_proxy_async_shared();  // the generic-proxy writes above, before the TMA's reads

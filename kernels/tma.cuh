@@ -77,6 +77,15 @@ __device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) 
 // The writer threads' shared-memory stores must be made visible to the TMA unit first
 // (fc::fence_proxy_async_shared, then a barrier), and one thread issues the store.
 
+// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes: `bytes` contiguous bytes (a multiple of 16,
+// both addresses 16-byte aligned) from global src into dst, counted on bar. No tensor map.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  FC_SM90_ONLY(asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory"));
+}
+
 // cp.async.bulk.tensor.4d.global.shared::cta.bulk_group: src into the box at (c0, c1, c2, c3).
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3, const void* src) {
   FC_SM90_ONLY(asm volatile(

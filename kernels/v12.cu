@@ -87,9 +87,13 @@ const char* launch(const FlashcoreParams& p, Items items, cudaStream_t stream) {
 
 int flashcore_dtypes() { return (1 << kFlashcoreFloat16) | (1 << kFlashcoreBFloat16); }
 
-int flashcore_features() { return kFlashcoreGqa | kFlashcoreSeqLenKv | kFlashcoreLse; }
+// The backward: v12_bwd.cu.
+int flashcore_features() { return kFlashcoreGqa | kFlashcoreSeqLenKv | kFlashcoreLse | kFlashcoreBackward; }
 
-int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
+int v12_backward_plan(int head_dim, FlashcoreKernelPlan* plans);
+
+// The forward's kernels, then the backward's (v12_bwd.cu).
+static int forward_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
   if (head_dim == 64 && max_plans >= 6) {
     plans[0] = {"v12_fwd<64, 128, 2, 2, __half>", Cfg64::kThreads, Cfg64::kSmemBytes};
     plans[1] = {"v12_fwd<64, 128, 3, 2, __half>", Cfg64Wide::kThreads, Cfg64Wide::kSmemBytes};
@@ -105,6 +109,16 @@ int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
     return 2;
   }
   return 0;
+}
+
+int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
+  FlashcoreKernelPlan all[kFlashcoreMaxPlans];
+  int count = forward_plan(head_dim, all, kFlashcoreMaxPlans);
+  if (count == 0) return 0;
+  count += v12_backward_plan(head_dim, all + count);
+  const int n = max_plans < count ? max_plans : count;
+  for (int i = 0; i < n; ++i) plans[i] = all[i];
+  return n;
 }
 
 template <typename T>

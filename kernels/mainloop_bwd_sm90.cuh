@@ -1,0 +1,254 @@
+// mainloop_bwd_sm90.cuh — v12's backward kernel: one CTA per (block of 128 keys, batch * K/V head), a producer
+// warp streaming each step's Q_i, dO_i, LSE_i, D_i by TMA into two stages, and two consumer warpgroups of 64 keys
+// each running the five products on wgmma (the step: consumer_step; the kernel and its roles below). The passes
+// before and after it are bwd_passes.cuh's; the configuration v12_bwd_traits.cuh; the launcher v12_bwd.cu.
+#pragma once
+
+#include "bwd_passes.cuh"
+#include "consumer_sm90.cuh"
+#include "flashcore.h"
+#include "hopper.cuh"
+#include "tma.cuh"
+#include "v12_bwd_traits.cuh"
+
+#include <cstdint>
+
+constexpr int kDsBarrier = 1;  // named barrier: both consumers' dS^T stored (256 threads)
+constexpr int kDqBarrier = 2;  // + g: consumer g's dQ staged (128 threads)
+
+__device__ __forceinline__ unsigned char* v12_bwd_smem() {
+  extern __shared__ unsigned char smem_raw[];
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+}
+
+template <class Cfg>
+__device__ __forceinline__ BwdBarriers& bwd_barriers() {
+  return *reinterpret_cast<BwdBarriers*>(v12_bwd_smem() + Cfg::kBarOffset);
+}
+
+// The steps of a CTA: every query head of its K/V head's group, and in each the query blocks that see any of its
+// keys (causal: from the first row i with i + S_kv - S >= n0).
+struct BwdSteps {
+  int bh0, m_first, m_blocks, count;
+  __device__ __forceinline__ int bh(int step) const { return bh0 + step / m_blocks; }
+  __device__ __forceinline__ int m0(int step, int block_m) const { return (m_first + step % m_blocks) * block_m; }
+};
+
+template <class Cfg>
+__device__ __forceinline__ BwdSteps bwd_steps(const FlashcoreParams& p) {
+  const int n0 = blockIdx.x * Cfg::kBlockN, bh_kv = blockIdx.y, group = p.heads / p.heads_kv;
+  BwdSteps st;
+  st.bh0 = (bh_kv / p.heads_kv) * p.heads + (bh_kv % p.heads_kv) * group;
+  st.m_first = p.causal ? max(0, n0 - fc::causal_offset(p)) / Cfg::kBlockM : 0;
+  st.m_blocks = fc::ceil_div(p.seq_len, Cfg::kBlockM) - st.m_first;
+  st.count = st.m_blocks > 0 ? st.m_blocks * group : 0;
+  return st;
+}
+
+// One thread: K_j and V_j once, then each step's Q_i, dO_i (TMA) and LSE_i, D_i (bulk copies) into stage step % 2.
+template <class Cfg>
+__device__ __forceinline__ void bwd_producer(const FlashcoreBackwardParams& b, const Workspace& w, const BwdMaps& maps) {
+  BwdBarriers& bars = bwd_barriers<Cfg>();
+  unsigned char* smem = v12_bwd_smem();
+  const BwdSteps steps = bwd_steps<Cfg>(b.fwd);
+  const int n0 = blockIdx.x * Cfg::kBlockN, bh_kv = blockIdx.y;
+  fc::mbarrier_arrive_expect_bytes(&bars.kv_full, 2 * Cfg::kKVBytes);
+  fc::tma_load_4d(smem + Cfg::kKOffset, &maps.k, 0, n0, 0, bh_kv, &bars.kv_full);
+  fc::tma_load_4d(smem + Cfg::kVOffset, &maps.v, 0, n0, 0, bh_kv, &bars.kv_full);
+  for (int step = 0; step < steps.count; ++step) {
+    const int s = step & 1;
+    const int bh = steps.bh(step), m0 = steps.m0(step, Cfg::kBlockM);
+    fc::mbarrier_wait_parity(&bars.empty[s], ((step >> 1) & 1) ^ 1);
+    fc::mbarrier_arrive_expect_bytes(&bars.full[s], 2 * Cfg::kQBytes + Cfg::kStatsBytes);
+    fc::tma_load_4d(smem + Cfg::kQOffset + s * Cfg::kQBytes, &maps.q, 0, m0, 0, bh, &bars.full[s]);
+    fc::tma_load_4d(smem + Cfg::kDoOffset + s * Cfg::kQBytes, &maps.d_o, 0, m0, 0, bh, &bars.full[s]);
+    float* stats = reinterpret_cast<float*>(smem + Cfg::kStatsOffset + s * Cfg::kStatsBytes);
+    const size_t row = static_cast<size_t>(bh) * w.padded_rows + m0;
+    fc::bulk_load(stats, w.lse2 + row, Cfg::kBlockM * 4, &bars.full[s]);
+    fc::bulk_load(stats + Cfg::kBlockM, w.dsum + row, Cfg::kBlockM * 4, &bars.full[s]);
+  }
+}
+
+// dQ's 64 x 64 tile of this consumer: dS (its 64 query rows, all kBlockN keys: two K-major panels) times K_j's
+// 64 columns (N-major: K_j's rows are the keys), 8 k-steps of 16 keys.
+template <typename T, int kBlockM>
+__device__ __forceinline__ void gemm_dq(float (&dq)[32], uint64_t desc_ds, uint64_t desc_k) {
+  fc::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const int panel = kk / 4, within = (kk % 4) * 32;
+    fc::wgmma_ss<64, T, 1>(dq, desc_ds + ((panel * kBlockM * 128 + within) >> 4), desc_k + ((kk * 2048) >> 4), kk > 0);
+  }
+  fc::wgmma_commit();
+}
+
+// P^T = exp2(S^T * scale log2 e - LSE_i log2 e) and dS^T = P^T o (dP^T - D_i) in place, on a 64-key x kBlockM tile
+// whose columns are queries (this thread: columns 8j + 2(t%4) + {0, 1}; rows r, r + 8 of its warp's 16 keys).
+// Causal: keys right of a query's diagonal (key > query + S_kv - S) get P = 0. Padding queries (LSE +inf) get 0.
+template <int kBlockM, bool kMask>
+__device__ __forceinline__ void probabilities_and_ds(float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2], const float* lse2,
+                                                     const float* dsum, float scale_log2, int key0, int query0,
+                                                     int offset) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int j = 0; j < kBlockM / 8; ++j) {
+    const float2 l = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * t);
+    const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * j + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float lse = (e & 1) ? l.y : l.x, dd = (e & 1) ? d.y : d.x;
+      float pr = exp2f(fmaf(st[4 * j + e], scale_log2, -lse));
+      if (kMask) {
+        const int key = key0 + (e >> 1) * 8, query = query0 + 8 * j + 2 * t + (e & 1);
+        if (key > query + offset) pr = 0.f;
+      }
+      st[4 * j + e] = pr;
+      dpt[4 * j + e] = pr * (dpt[4 * j + e] - dd);
+    }
+  }
+}
+
+template <class Cfg, typename T>
+__device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, const Workspace& w, const BwdMaps& maps) {
+  constexpr int kBlockM = Cfg::kBlockM, kHeadDim = Cfg::kHeadDim;
+  const FlashcoreParams& p = b.fwd;
+  const int g = __shfl_sync(0xffffffffu, threadIdx.x / fc::kWarpgroupThreads, 0) - 1;  // 0 or 1, warp-uniform
+  const int tid = threadIdx.x % fc::kWarpgroupThreads, warp = tid / 32, lane = tid % 32;
+  BwdBarriers& bars = bwd_barriers<Cfg>();
+  unsigned char* smem = v12_bwd_smem();
+  const BwdSteps steps = bwd_steps<Cfg>(p);
+  const int n0 = blockIdx.x * Cfg::kBlockN, offset = fc::causal_offset(p);
+  const int key_row = 64 * g + 16 * warp + lane / 4;  // this thread's first key in the CTA's block (+ 8: second)
+  const float scale_log2 = p.scale * kBwdLog2e;
+  const int dq_row_half = Cfg::kDqByRows ? g : 0, dq_col_half = Cfg::kDqByRows ? 0 : g;
+
+  // Descriptors: K_j, V_j rows of this warpgroup as K-major A; Q_i, dO_i as K-major B (S^T, dP^T) and N-major B
+  // (dV, dK: a k-step is 16 query rows, 2048 bytes); dS rows of this consumer's dQ tile as K-major A; K_j's
+  // 64 columns of its dQ tile as N-major B.
+  const uint64_t desc_k = fc::wgmma_desc_sw128(smem + Cfg::kKOffset + 64 * g * 128, 16, 1024);
+  const uint64_t desc_v = fc::wgmma_desc_sw128(smem + Cfg::kVOffset + 64 * g * 128, 16, 1024);
+  const uint64_t desc_q = fc::wgmma_desc_sw128(smem + Cfg::kQOffset, 16, 1024);
+  const uint64_t desc_do = fc::wgmma_desc_sw128(smem + Cfg::kDoOffset, 16, 1024);
+  const uint64_t desc_q_t = fc::wgmma_desc_sw128(smem + Cfg::kQOffset, kBlockM * 128, 1024);
+  const uint64_t desc_do_t = fc::wgmma_desc_sw128(smem + Cfg::kDoOffset, kBlockM * 128, 1024);
+  const uint64_t desc_ds = fc::wgmma_desc_sw128(smem + Cfg::kDsOffset + 64 * dq_row_half * 128, 16, 1024);
+  const uint64_t desc_k_t =
+      fc::wgmma_desc_sw128(smem + Cfg::kKOffset + dq_col_half * Cfg::kBlockN * 128, Cfg::kBlockN * 128, 1024);
+  constexpr uint64_t kStageStep = Cfg::kQBytes >> 4, kDsStep = Cfg::kDsBytes >> 4;
+  unsigned char* dq_stage = smem + Cfg::kDqOffset + g * Cfg::kDqBytes;
+  // stmatrix addresses: lane l stores row (query) 8 (2i + l/16) + l%8 of 16-byte key chunk 2 warp + (l/8)%2 of
+  // panel g (this warpgroup's 64 keys), swizzled; i steps 16 queries (2048 bytes).
+  const int st_query = 8 * (lane / 16) + lane % 8, st_chunk = 2 * warp + (lane / 8) % 2;
+  const uint32_t ds_lane = fc::smem_addr(smem + Cfg::kDsOffset + g * kBlockM * 128 + st_query * 128 +
+                                         ((st_chunk ^ (st_query % 8)) << 4));
+
+  float dv[kHeadDim / 2], dk[kHeadDim / 2];
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.f;
+
+  fc::mbarrier_wait_parity(&bars.kv_full, 0);
+  for (int step = 0; step < steps.count; ++step) {
+    const int s = step & 1;
+    const int bh = steps.bh(step), m0 = steps.m0(step, kBlockM);
+    fc::mbarrier_wait_parity(&bars.full[s], (step >> 1) & 1);
+    // S^T = K_j Q_i^T, dP^T = V_j dO_i^T (64 keys x kBlockM queries)
+    float st[kBlockM / 2], dpt[kBlockM / 2];
+    gemm_qk<T, kHeadDim, kBlockM, Cfg::kBlockN>(st, desc_k, desc_q + s * kStageStep);
+    gemm_qk<T, kHeadDim, kBlockM, Cfg::kBlockN>(dpt, desc_v, desc_do + s * kStageStep);
+    fc::wgmma_wait<0>();
+    fc::wgmma_fence_operands(st);
+    fc::wgmma_fence_operands(dpt);
+    const float* stats = reinterpret_cast<const float*>(smem + Cfg::kStatsOffset + s * Cfg::kStatsBytes);
+    const int key0 = n0 + key_row;
+    if (p.causal && n0 + 64 * g + 63 > m0 + offset) {
+      probabilities_and_ds<kBlockM, true>(st, dpt, stats, stats + kBlockM, scale_log2, key0, m0, offset);
+    } else {
+      probabilities_and_ds<kBlockM, false>(st, dpt, stats, stats + kBlockM, scale_log2, key0, m0, offset);
+    }
+    uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
+    pack_p<T, kBlockM>(st, pa);
+    pack_p<T, kBlockM>(dpt, dsa);
+    // dV += P^T dO_i, dK += dS^T Q_i (A from registers)
+    gemm_pv<T, kHeadDim, kBlockM>(dv, pa, desc_do_t + s * kStageStep);
+    fc::wgmma_fence_operands(dv);
+    gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);
+    fc::wgmma_fence_operands(dk);
+    // dS (queries x keys) into buffer step % 2: both consumers' halves, then dQ_i's tile reads all of it
+#pragma unroll
+    for (int i = 0; i < kBlockM / 16; ++i) fc::stmatrix_x4_trans(ds_lane + s * Cfg::kDsBytes + i * 2048, dsa[i]);
+    fc::fence_proxy_async_shared();
+    if (tid == 0) fc::tma_store_wait_read<0>();  // the last step's dQ tile has left the staging tile
+    fc::named_barrier_sync(kDsBarrier, 2 * fc::kWarpgroupThreads);
+    float dq[32];
+    gemm_dq<T, kBlockM>(dq, desc_ds + s * kDsStep, desc_k_t);
+    fc::wgmma_fence_operands(dq);
+    fc::wgmma_wait<0>();
+    fc::wgmma_fence_operands(dv);
+    fc::wgmma_fence_operands(dk);
+    fc::wgmma_fence_operands(dq);
+    fc::wgmma_fence_operands(pa);
+    fc::wgmma_fence_operands(dsa);
+    release(&bars.empty[s]);
+    // dQ's tile into the staging tile (2 panels of [64 rows][32 fp32], 128-byte swizzled), then one thread adds it
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int col = 8 * j + 2 * (tid % 4), panel = col / 32, chunk = (col % 32) / 4;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = 16 * warp + lane / 4 + 8 * h;
+        *reinterpret_cast<float2*>(dq_stage + panel * 64 * 128 + row * 128 + ((chunk ^ (row % 8)) << 4) +
+                                   4 * (col % 4)) = make_float2(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
+      }
+    }
+    fc::fence_proxy_async_shared();
+    fc::named_barrier_sync(kDqBarrier + g, fc::kWarpgroupThreads);
+    if (tid == 0) {
+#pragma unroll
+      for (int panel = 0; panel < 2; ++panel) {
+        fc::tma_reduce_add_3d(&maps.dq, 64 * dq_col_half + 32 * panel, m0 + 64 * dq_row_half, bh,
+                              dq_stage + panel * 64 * 128);
+      }
+      fc::tma_store_commit();
+    }
+  }
+  if (tid == 0) fc::tma_store_wait<0>();
+
+  // dK = scale dS^T Q, dV = P^T dO for this warpgroup's 64 keys (rows at or past S_kv are not written)
+  const size_t kv_base = static_cast<size_t>(blockIdx.y) * p.seq_len_kv * kHeadDim;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = n0 + key_row + 8 * h;
+    if (key >= p.seq_len_kv) continue;
+    T* dk_row = fc::tensor<T>(b.dk) + kv_base + static_cast<size_t>(key) * kHeadDim;
+    T* dv_row = fc::tensor<T>(b.dv) + kv_base + static_cast<size_t>(key) * kHeadDim;
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      const int col = 8 * j + 2 * (tid % 4);
+      *reinterpret_cast<uint32_t*>(dk_row + col) = pack2<T>(dk[4 * j + 2 * h] * p.scale, dk[4 * j + 2 * h + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<T>(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
+    }
+  }
+}
+
+template <int kHeadDim, int kBlockM, typename T>
+__global__ void __launch_bounds__(BwdConfig<kHeadDim, kBlockM>::kThreads, 1)
+    v12_bwd(const FlashcoreBackwardParams b, const Workspace w, const __grid_constant__ BwdMaps maps) {
+  using Cfg = BwdConfig<kHeadDim, kBlockM>;
+  if (threadIdx.x == 0) {
+    BwdBarriers& bars = bwd_barriers<Cfg>();
+    fc::mbarrier_init(&bars.kv_full, 1);
+    for (int s = 0; s < 2; ++s) {
+      fc::mbarrier_init(&bars.full[s], 1);
+      fc::mbarrier_init(&bars.empty[s], 4 * Cfg::kConsumers);
+    }
+    fc::fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x < fc::kWarpgroupThreads) {
+    fc::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0) bwd_producer<Cfg>(b, w, maps);
+    return;
+  }
+  fc::setmaxnreg_inc<Cfg::kConsumerRegs>();
+  bwd_consumer<Cfg, T>(b, w, maps);
+}

@@ -1,0 +1,133 @@
+// v12_bwd.cu — v12's backward: FlashAttention-3's algorithm on Hopper (sm_90a), the five products on wgmma.
+//
+// Idea: v11's backward (FlashAttention-2: K/V-stationary CTAs, P recomputed from the forward's LSE, S^T and dP^T so
+// that dV and dK take their A operand from registers), with its math on warpgroups and its loads on the copy
+// engine, as v12's forward has them. One CTA per block of 128 keys of one K/V head: a producer thread loads K_j
+// and V_j once, then streams each step's Q_i, dO_i (TMA, 128-byte swizzled panels) and LSE_i, D_i (bulk copies)
+// into two stages on full/empty mbarriers; two consumer warpgroups own 64 keys each and per step run
+//   S^T  = K_j Q_i^T,  dP^T = V_j dO_i^T            wgmma, both operands from shared memory (SS)
+//   P^T  = exp2(S^T scale log2 e - LSE_i log2 e),  dS^T = P^T o (dP^T - D_i)      in registers
+//   dV  += P^T dO_i,   dK  += dS^T Q_i              wgmma, A from registers (RS), dO_i, Q_i read N-major
+//   dS   -> shared memory (stmatrix .trans: queries x keys), both consumers meet,
+//   dQ_i  = dS K_j                                  wgmma SS, K_j read N-major; each consumer one 64 x 64 tile
+// and each consumer's dQ tile goes out by TMA reduce-add (fp32, into the accumulator every key block adds to).
+// The passes around it (bwd_passes.cuh, shared with v11): prep (D = rowsum(dO o O), LSE log2 e, the accumulator
+// zeroed) and dq (the accumulator times scale, rounded). The forward writes O's rounding residual where a training
+// call asks for it, so D is taken from the fp32 O (flashcore.h).
+// Causal (bottom-right): a key block starts at the first query block that sees it; only steps whose block crosses
+// the diagonal are masked. dK, dV deterministic; dQ's fp32 additions from different key blocks in any order.
+//
+// Change from v11's backward: wgmma (HGMMA) instead of mma.sync + ldmatrix; TMA and a producer warp instead of
+// cp.async from every thread; dS stored by stmatrix .trans; dQ reduced by TMA from every step.
+// Parts: v12_bwd_traits.cuh (configuration, layout), mainloop_bwd_sm90.cuh (producer, consumer step, kernel),
+// bwd_passes.cuh (prep, dq), consumer_sm90.cuh (the forward's GEMM and packing steps, reused).
+//
+// Configuration: 128 keys per CTA; D = 64: 128 queries per step (dQ tiles split by rows), D = 128: 64 (split by
+// columns); 2 stages of Q_i, dO_i; dS double-buffered; one CTA per SM (193-194 KB).
+//
+// Run:  flashcore test v12 && flashcore bench v12 --pass bwd --shape 2,16,4096,128
+//
+// Status (2026-11-26): compiled (ptxas: 168 registers at launch, consumers raised to 240; 0 spills; 193-194 KB;
+// 32 HGMMA per step's code, STSM, UTMALDG/UBLKCP, UTMAREDG in the SASS) but NOT YET RUN on a GPU: the session that
+// wrote it had no device time left. It lives on branch wip/v12-bwd until `flashcore test v12` passes on the GPU.
+#include "bwd_passes.cuh"
+#include "flashcore.h"
+#include "hopper.cuh"
+#include "mainloop_bwd_sm90.cuh"
+#include "v12_bwd_traits.cuh"
+
+#include <cstdio>
+#include <type_traits>
+
+namespace {
+
+template <class Cfg, class T>
+const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
+  constexpr int kHeadDim = Cfg::kHeadDim;
+  constexpr CUtensorMapDataType kType =
+      std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const FlashcoreParams& p = b.fwd;
+  const Workspace w = carve(b);
+  const long long heads = static_cast<long long>(p.batch) * p.heads;
+  const long long prep_threads = heads * w.padded_rows * (kHeadDim / 8);
+  bwd_prep<kHeadDim, T><<<static_cast<unsigned>((prep_threads + 255) / 256), 256, 0, stream>>>(b, w);
+  if (const char* err = fc::launch_status()) return err;
+
+  const auto kernel = v12_bwd<kHeadDim, Cfg::kBlockM, T>;
+  if (const char* err = fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes)) return err;
+  const int bh = p.batch * p.heads, bh_kv = p.batch * p.heads_kv;
+  BwdMaps maps;
+  const cuuint64_t dq_row_bytes = static_cast<cuuint64_t>(kHeadDim) * 4;
+  if (!fc::encode_panel_map(&maps.q, kType, p.q, bh, p.seq_len, kHeadDim, Cfg::kBlockM, Cfg::kPanels) ||
+      !fc::encode_panel_map(&maps.d_o, kType, b.d_o, bh, p.seq_len, kHeadDim, Cfg::kBlockM, Cfg::kPanels) ||
+      !fc::encode_panel_map(&maps.k, kType, p.k, bh_kv, p.seq_len_kv, kHeadDim, Cfg::kBlockN, Cfg::kPanels) ||
+      !fc::encode_panel_map(&maps.v, kType, p.v, bh_kv, p.seq_len_kv, kHeadDim, Cfg::kBlockN, Cfg::kPanels) ||
+      !fc::encode_tensor_map<3>(&maps.dq, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, w.dq_accum,
+                                {static_cast<cuuint64_t>(kHeadDim), static_cast<cuuint64_t>(p.seq_len),
+                                 static_cast<cuuint64_t>(heads)},
+                                {dq_row_bytes, dq_row_bytes * p.seq_len}, {32, 64, 1}, CU_TENSOR_MAP_SWIZZLE_128B)) {
+    return "v12 backward: the driver refused a TMA tensor map (is the driver new enough, the tensor 16-byte aligned?)";
+  }
+  const dim3 grid(fc::ceil_div(p.seq_len_kv, Cfg::kBlockN), bh_kv);
+  if (grid.y > 65535) return fc::message("v12 backward: grid y of %u exceeds the limit (65535)", grid.y);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(b, w, maps);
+  if (const char* err = fc::launch_status()) return err;
+
+  const long long chunks = heads * p.seq_len * (kHeadDim / 8);
+  bwd_dq<T><<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream>>>(b, w, chunks);
+  return fc::launch_status();
+}
+
+template <class T>
+const char* backward_dtype(const FlashcoreBackwardParams& b, cudaStream_t stream) {
+  switch (b.fwd.head_dim) {
+    case 64: return backward<BwdCfg64, T>(b, stream);
+    case 128: return backward<BwdCfg128, T>(b, stream);
+    default: return fc::unsupported_head_dim(b.fwd.head_dim);
+  }
+}
+
+template <class T>
+constexpr const char* type_name() {
+  return std::is_same_v<T, __half> ? "__half" : "__nv_bfloat16";
+}
+
+// prep, main, dq for one dtype (names as c++filt prints them)
+template <class Cfg, class T>
+int plan_dtype(FlashcoreKernelPlan* plans) {
+  static char prep[64], main[64], dq[64];
+  snprintf(prep, sizeof(prep), "bwd_prep<%d, %s>", Cfg::kHeadDim, type_name<T>());
+  snprintf(main, sizeof(main), "v12_bwd<%d, %d, %s>", Cfg::kHeadDim, Cfg::kBlockM, type_name<T>());
+  snprintf(dq, sizeof(dq), "bwd_dq<%s>", type_name<T>());
+  plans[0] = {prep, 256, 0};
+  plans[1] = {main, Cfg::kThreads, Cfg::kSmemBytes};
+  plans[2] = {dq, 256, 0};
+  return 3;
+}
+
+template <class Cfg>
+int plan_both(FlashcoreKernelPlan* plans) {
+  const int n = plan_dtype<Cfg, __half>(plans);
+  return n + plan_dtype<Cfg, __nv_bfloat16>(plans + n);
+}
+
+}  // namespace
+
+size_t flashcore_backward_workspace(const FlashcoreParams& p) { return dq_accum_bytes(p) + 2 * stats_bytes(p); }
+
+const char* flashcore_backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
+  const FlashcoreParams& p = b.fwd;
+  if (!(p.scale > 0.f)) return fc::message("v12 needs a positive softmax scale (got %g)", p.scale);
+  if (p.lse == nullptr || b.workspace == nullptr) return "v12 backward: the forward's lse and a workspace are needed";
+  if (p.seq_len < 1 || p.seq_len_kv < 1 || p.batch < 1 || p.heads < 1) return nullptr;
+  return p.dtype == kFlashcoreBFloat16 ? backward_dtype<__nv_bfloat16>(b, stream) : backward_dtype<__half>(b, stream);
+}
+
+// The backward's kernels at a head dim, fp16 then bf16 (v12.cu's flashcore_plan lists them after the forward's).
+int v12_backward_plan(int head_dim, FlashcoreKernelPlan* plans) {
+  switch (head_dim) {
+    case 64: return plan_both<BwdCfg64>(plans);
+    case 128: return plan_both<BwdCfg128>(plans);
+    default: return 0;
+  }
+}

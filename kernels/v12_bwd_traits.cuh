@@ -1,0 +1,57 @@
+// v12_bwd_traits.cuh — v12's backward configuration: BwdConfig (head dim, queries per step; keys per CTA, the
+// warpgroups, the register split, how the two consumers share dQ_i, the shared-memory layout), the mbarriers and
+// tensor maps a CTA holds. Read by mainloop_bwd_sm90.cuh and v12_bwd.cu.
+#pragma once
+
+#include "flashcore.h"
+#include "hopper.cuh"
+
+template <int kHeadDim_, int kBlockM_>
+struct BwdConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // Br: queries per step
+  static constexpr int kBlockN = 128;       // Bc: keys per CTA, 64 per consumer warpgroup (wgmma's M)
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = fc::kWarpgroupThreads * (1 + kConsumers);  // + the producer warpgroup
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536, "register file");
+  static constexpr int kPanels = kHeadDim / 64;  // 128-byte panels of 64 columns per row
+  // dQ_i = dS K_j (kBlockM x D) is split between the two consumers as two 64 x 64 wgmma tiles: by rows where the
+  // step has 128 queries (D = 64), by columns where it has 64 (D = 128). Consumer g takes rows 64 kDqRowHalf(g),
+  // columns 64 kDqColHalf(g).
+  static constexpr bool kDqByRows = kBlockM == 128;
+  static_assert((kDqByRows ? kBlockM / 2 : kBlockM) == 64 && (kDqByRows ? kHeadDim : kHeadDim / 2) == 64,
+                "dQ: two 64 x 64 tiles");
+  // Shared memory, every tile 1024-byte aligned (the swizzle atom): K_j | V_j | (Q_i, dO_i) x 2 stages |
+  // dS x 2 | dQ staging x 2 consumers | (LSE_i log2 e, D_i) x 2 stages | mbarriers.
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // K_j or V_j: kPanels panels of [kBlockN][128 B]
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // Q_i or dO_i: kPanels panels of [kBlockM][128 B]
+  static constexpr int kDsBytes = kBlockM * kBlockN * 2;   // dS (queries x keys): 2 panels of [kBlockM][128 B]
+  static constexpr int kDqBytes = 64 * 64 * 4;             // one consumer's dQ tile: 2 panels of [64][32 fp32]
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKOffset + kKVBytes;
+  static constexpr int kQOffset = kVOffset + kKVBytes;     // stage s at + s * kQBytes
+  static constexpr int kDoOffset = kQOffset + 2 * kQBytes;
+  static constexpr int kDsOffset = kDoOffset + 2 * kQBytes;  // buffer b at + b * kDsBytes
+  static constexpr int kDqOffset = kDsOffset + 2 * kDsBytes;  // consumer g at + g * kDqBytes
+  static constexpr int kStatsOffset = kDqOffset + kConsumers * kDqBytes;  // stage s: lse2 [kBlockM], dsum [kBlockM]
+  static constexpr int kStatsBytes = 2 * kBlockM * 4;
+  static constexpr int kBarOffset = kStatsOffset + 2 * kStatsBytes;
+  static constexpr int kSmemBytes = kBarOffset + 64 + 1024;  // + alignment slack
+  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0, "swizzle alignment");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory: at most 227 KB per block on sm_90");
+};
+
+struct BwdBarriers {
+  uint64_t kv_full;               // K_j and V_j landed (once)
+  uint64_t full[2], empty[2];     // a stage's Q_i, dO_i, LSE_i, D_i landed / read by both consumers
+};
+
+struct BwdMaps {
+  CUtensorMap q, d_o, k, v;  // 128-byte panels (hopper.cuh's encode_panel_map)
+  CUtensorMap dq;            // the fp32 dQ accumulator [B * H][S][D], boxes of 32 columns x 64 rows
+};
+
+using BwdCfg64 = BwdConfig<64, 128>;
+using BwdCfg128 = BwdConfig<128, 64>;
