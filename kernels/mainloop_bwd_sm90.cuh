@@ -13,6 +13,12 @@
 
 #include <cstdint>
 
+// 1: P^T is computed while dP^T's wgmma runs, and dS^T while dV's does (64 queries per step only: D = 128);
+// 0: one wait for S^T and dP^T together
+#ifndef V12_BWD_OVERLAP
+#define V12_BWD_OVERLAP 1
+#endif
+
 constexpr int kDsBarrier = 1;  // named barrier: both consumers' dS^T stored (256 threads)
 constexpr int kDqBarrier = 2;  // + g: consumer g's dQ staged (128 threads)
 
@@ -26,31 +32,12 @@ __device__ __forceinline__ BwdBarriers& bwd_barriers() {
   return *reinterpret_cast<BwdBarriers*>(v12_bwd_smem() + Cfg::kBarOffset);
 }
 
-// The steps of a CTA: every query head of its K/V head's group, and in each the query blocks that see any of its
-// keys (causal: from the first row i with i + S_kv - S >= n0).
-struct BwdSteps {
-  int bh0, m_first, m_blocks, count;
-  __device__ __forceinline__ int bh(int step) const { return bh0 + step / m_blocks; }
-  __device__ __forceinline__ int m0(int step, int block_m) const { return (m_first + step % m_blocks) * block_m; }
-};
-
-template <class Cfg>
-__device__ __forceinline__ BwdSteps bwd_steps(const FlashcoreParams& p) {
-  const int n0 = blockIdx.x * Cfg::kBlockN, bh_kv = blockIdx.y, group = p.heads / p.heads_kv;
-  BwdSteps st;
-  st.bh0 = (bh_kv / p.heads_kv) * p.heads + (bh_kv % p.heads_kv) * group;
-  st.m_first = p.causal ? max(0, n0 - fc::causal_offset(p)) / Cfg::kBlockM : 0;
-  st.m_blocks = fc::ceil_div(p.seq_len, Cfg::kBlockM) - st.m_first;
-  st.count = st.m_blocks > 0 ? st.m_blocks * group : 0;
-  return st;
-}
-
 // One thread: K_j and V_j once, then each step's Q_i, dO_i (TMA) and LSE_i, D_i (bulk copies) into stage step % 2.
 template <class Cfg>
 __device__ __forceinline__ void bwd_producer(const FlashcoreBackwardParams& b, const Workspace& w, const BwdMaps& maps) {
   BwdBarriers& bars = bwd_barriers<Cfg>();
   unsigned char* smem = v12_bwd_smem();
-  const BwdSteps steps = bwd_steps<Cfg>(b.fwd);
+  const BwdSteps steps = bwd_steps<Cfg::kBlockN, Cfg::kBlockM>(b.fwd, blockIdx.x, blockIdx.y);
   const int n0 = blockIdx.x * Cfg::kBlockN, bh_kv = blockIdx.y;
   fc::mbarrier_arrive_expect_bytes(&bars.kv_full, 2 * Cfg::kKVBytes);
   fc::tma_load_4d(smem + Cfg::kKOffset, &maps.k, 0, n0, 0, bh_kv, &bars.kv_full);
@@ -82,41 +69,51 @@ __device__ __forceinline__ void gemm_dq(float (&dq)[32], uint64_t desc_ds, uint6
   fc::wgmma_commit();
 }
 
-// P^T = exp2(S^T * scale log2 e - LSE_i log2 e) and dS^T = P^T o (dP^T - D_i) in place, on a 64-key x kBlockM tile
-// whose columns are queries (this thread: columns 8j + 2(t%4) + {0, 1}; rows r, r + 8 of its warp's 16 keys).
-// Causal: keys right of a query's diagonal (key > query + S_kv - S) get P = 0. Padding queries (LSE +inf) get 0.
+// P^T = exp2(S^T * scale log2 e - LSE_i log2 e) in place, on a 64-key x kBlockM tile whose columns are queries
+// (this thread: columns 8j + 2(t%4) + {0, 1}; rows r, r + 8 of its warp's 16 keys). Causal: keys right of a
+// query's diagonal (key > query + S_kv - S) get P = 0. Padding queries (LSE +inf) get 0.
 template <int kBlockM, bool kMask>
-__device__ __forceinline__ void probabilities_and_ds(float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2], const float* lse2,
-                                                     const float* dsum, float scale_log2, int key0, int query0,
-                                                     int offset) {
+__device__ __forceinline__ void probabilities(float (&st)[kBlockM / 2], const float* lse2, float scale_log2, int key0,
+                                              int query0, int offset) {
   const int t = threadIdx.x % 4;
 #pragma unroll
   for (int j = 0; j < kBlockM / 8; ++j) {
     const float2 l = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * t);
-    const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * j + 2 * t);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float lse = (e & 1) ? l.y : l.x, dd = (e & 1) ? d.y : d.x;
-      float pr = exp2f(fmaf(st[4 * j + e], scale_log2, -lse));
+      float pr = exp2f(fmaf(st[4 * j + e], scale_log2, -((e & 1) ? l.y : l.x)));
       if (kMask) {
         const int key = key0 + (e >> 1) * 8, query = query0 + 8 * j + 2 * t + (e & 1);
         if (key > query + offset) pr = 0.f;
       }
       st[4 * j + e] = pr;
-      dpt[4 * j + e] = pr * (dpt[4 * j + e] - dd);
     }
+  }
+}
+
+// dS^T = P^T o (dP^T - D_i) in place of dP^T (the same fragment layout).
+template <int kBlockM>
+__device__ __forceinline__ void score_gradients(const float (&pt)[kBlockM / 2], float (&dpt)[kBlockM / 2], const float* dsum) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int j = 0; j < kBlockM / 8; ++j) {
+    const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * j + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dpt[4 * j + e] = pt[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? d.y : d.x));
   }
 }
 
 template <class Cfg, typename T>
 __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, const Workspace& w, const BwdMaps& maps) {
   constexpr int kBlockM = Cfg::kBlockM, kHeadDim = Cfg::kHeadDim;
+  // the overlap keeps P^T's fp32 values live beside dP^T: at 128 queries per step (D = 64) that spilled 48 bytes
+  constexpr bool kOverlap = V12_BWD_OVERLAP != 0 && kBlockM == 64;
   const FlashcoreParams& p = b.fwd;
   const int g = __shfl_sync(0xffffffffu, threadIdx.x / fc::kWarpgroupThreads, 0) - 1;  // 0 or 1, warp-uniform
   const int tid = threadIdx.x % fc::kWarpgroupThreads, warp = tid / 32, lane = tid % 32;
   BwdBarriers& bars = bwd_barriers<Cfg>();
   unsigned char* smem = v12_bwd_smem();
-  const BwdSteps steps = bwd_steps<Cfg>(p);
+  const BwdSteps steps = bwd_steps<Cfg::kBlockN, Cfg::kBlockM>(p, blockIdx.x, blockIdx.y);
   const int n0 = blockIdx.x * Cfg::kBlockN, offset = fc::causal_offset(p);
   const int key_row = 64 * g + 16 * warp + lane / 4;  // this thread's first key in the CTA's block (+ 8: second)
   const float scale_log2 = p.scale * kBwdLog2e;
@@ -154,24 +151,43 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
     // S^T = K_j Q_i^T, dP^T = V_j dO_i^T (64 keys x kBlockM queries)
     float st[kBlockM / 2], dpt[kBlockM / 2];
     gemm_qk<T, kHeadDim, kBlockM, Cfg::kBlockN>(st, desc_k, desc_q + s * kStageStep);
-    gemm_qk<T, kHeadDim, kBlockM, Cfg::kBlockN>(dpt, desc_v, desc_do + s * kStageStep);
-    fc::wgmma_wait<0>();
     fc::wgmma_fence_operands(st);
+    gemm_qk<T, kHeadDim, kBlockM, Cfg::kBlockN>(dpt, desc_v, desc_do + s * kStageStep);
     fc::wgmma_fence_operands(dpt);
     const float* stats = reinterpret_cast<const float*>(smem + Cfg::kStatsOffset + s * Cfg::kStatsBytes);
-    const int key0 = n0 + key_row;
-    if (p.causal && n0 + 64 * g + 63 > m0 + offset) {
-      probabilities_and_ds<kBlockM, true>(st, dpt, stats, stats + kBlockM, scale_log2, key0, m0, offset);
-    } else {
-      probabilities_and_ds<kBlockM, false>(st, dpt, stats, stats + kBlockM, scale_log2, key0, m0, offset);
-    }
+    auto to_probabilities = [&] {
+      if (bwd_needs_mask(p, n0 + 64 * g, m0)) {
+        probabilities<kBlockM, true>(st, stats, scale_log2, n0 + key_row, m0, offset);
+      } else {
+        probabilities<kBlockM, false>(st, stats, scale_log2, n0 + key_row, m0, offset);
+      }
+    };
     uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
-    pack_p<T, kBlockM>(st, pa);
-    pack_p<T, kBlockM>(dpt, dsa);
-    // dV += P^T dO_i, dK += dS^T Q_i (A from registers)
-    gemm_pv<T, kHeadDim, kBlockM>(dv, pa, desc_do_t + s * kStageStep);
-    fc::wgmma_fence_operands(dv);
-    gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);
+    if constexpr (kOverlap) {
+      // P^T as soon as S^T has landed (dP^T may still run), then dV += P^T dO_i issued before dS^T is computed: the
+      // exp2s overlap dP^T's wgmma and dS^T overlaps dV's (P^T's fp32 values stay live meanwhile)
+      fc::wgmma_wait<1>();
+      fc::wgmma_fence_operands(st);
+      to_probabilities();
+      pack_p<T, kBlockM>(st, pa);
+      gemm_pv<T, kHeadDim, kBlockM>(dv, pa, desc_do_t + s * kStageStep);
+      fc::wgmma_fence_operands(dv);
+      fc::wgmma_wait<1>();  // dP^T has landed; dV may still run
+      fc::wgmma_fence_operands(dpt);
+      score_gradients<kBlockM>(st, dpt, stats + kBlockM);
+      pack_p<T, kBlockM>(dpt, dsa);
+    } else {
+      fc::wgmma_wait<0>();
+      fc::wgmma_fence_operands(st);
+      fc::wgmma_fence_operands(dpt);
+      to_probabilities();
+      score_gradients<kBlockM>(st, dpt, stats + kBlockM);
+      pack_p<T, kBlockM>(st, pa);
+      pack_p<T, kBlockM>(dpt, dsa);
+      gemm_pv<T, kHeadDim, kBlockM>(dv, pa, desc_do_t + s * kStageStep);  // dV += P^T dO_i (A from registers)
+      fc::wgmma_fence_operands(dv);
+    }
+    gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);  // dK += dS^T Q_i (A from registers)
     fc::wgmma_fence_operands(dk);
     // dS (queries x keys) into buffer step % 2: both consumers' halves, then dQ_i's tile reads all of it
 #pragma unroll

@@ -23,7 +23,10 @@
 // bwd_passes.cuh (prep, dq), consumer_sm90.cuh (the forward's GEMM and packing steps, reused).
 //
 // Configuration: 128 keys per CTA; D = 64: 128 queries per step (dQ tiles split by rows), D = 128: 64 (split by
-// columns); 2 stages of Q_i, dO_i; dS double-buffered; one CTA per SM (193-194 KB).
+// columns); 2 stages of Q_i, dO_i; dS double-buffered; one CTA per SM (193-194 KB). At D = 128 a consumer computes
+// P^T while dP^T's wgmma runs and dS^T while dV's does (V12_BWD_OVERLAP, default 1; at D = 64 the P^T values kept
+// live beside dP^T spilled 48 bytes, so it waits for both). A registry entry with V12_BWD_OVERLAP: 0 beside v12
+// measures the overlap in one bench run.
 //
 // Run:  flashcore test v12 && flashcore bench v12 --pass bwd --shape 2,16,4096,128
 //

@@ -53,5 +53,32 @@ struct BwdMaps {
   CUtensorMap dq;            // the fp32 dQ accumulator [B * H][S][D], boxes of 32 columns x 64 rows
 };
 
+// The steps of the CTA of key block n_block of K/V head bh_kv (b * H_kv + h_kv): every query head of that head's
+// group, and in each the query blocks that see any of its keys (causal, bottom-right: from the first row i with
+// i + S_kv - S >= the block's first key). Host and device: tests/fixtures/hosts/v12_bwd_steps.cu checks them.
+struct BwdSteps {
+  int bh0, m_first, m_blocks, count;
+  __host__ __device__ int bh(int step) const { return bh0 + step / m_blocks; }
+  __host__ __device__ int m0(int step, int block_m) const { return (m_first + step % m_blocks) * block_m; }
+};
+
+template <int kBlockN, int kBlockM>
+__host__ __device__ inline BwdSteps bwd_steps(const FlashcoreParams& p, int n_block, int bh_kv) {
+  const int n0 = n_block * kBlockN, group = p.heads / p.heads_kv, first_row = n0 - fc::causal_offset(p);
+  BwdSteps st;
+  st.bh0 = (bh_kv / p.heads_kv) * p.heads + (bh_kv % p.heads_kv) * group;
+  st.m_first = p.causal && first_row > 0 ? first_row / kBlockM : 0;
+  st.m_blocks = fc::ceil_div(p.seq_len, kBlockM) - st.m_first;
+  st.count = st.m_blocks > 0 ? st.m_blocks * group : 0;
+  return st;
+}
+
+// Whether a consumer's 64 keys from first_key need the causal mask against the query block at m0: some key lies
+// right of some query's diagonal (key > query + S_kv - S). Keys past S_kv and queries past S need none: their
+// K, V, Q, dO rows load as zeros and their LSE is +inf, so what they add is zero or never stored.
+__host__ __device__ inline bool bwd_needs_mask(const FlashcoreParams& p, int first_key, int m0) {
+  return p.causal && first_key + 63 > m0 + fc::causal_offset(p);
+}
+
 using BwdCfg64 = BwdConfig<64, 128>;
 using BwdCfg128 = BwdConfig<128, 64>;

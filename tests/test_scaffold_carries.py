@@ -17,10 +17,10 @@ REGISTRY = """\
 variants:
   - name: hopper   # an sm_90a-only rung in the shape of v12
     aliases: [h]
-    sources: [kernels/v12.cu]
+    sources: [kernels/v12.cu, kernels/v12_bwd.cu]
     archs: [sm_90a]
     dtypes: [fp16, bf16]
-    features: [gqa, seqlen_kv, lse]
+    features: [gqa, seqlen_kv, lse, backward]
     summary: "v12"
     head_dims: [64, 128]
     causal: true

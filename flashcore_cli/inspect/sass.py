@@ -10,7 +10,7 @@ for TMA), global loads and stores by width (LDG/STG: 128-bit is what a tuned ker
 A variant that lists an arch-specific target (archs: [sm_90a]) is compiled for it: `flashcore sass v12`
 with no GPU (sm_90) disassembles its sm_90a code. A kernel of fewer than ptxas.TRIVIAL_INSTRUCTIONS
 instructions with no MMA is flagged with a warning naming the likely cause (an arch-specific body compiled
-out: ptxas.empty_body_warnings, when every kernel of the variant does); the real rungs have 512 and more.
+out: ptxas.empty_body_warnings, when most kernels of the variant do); the real rungs have 512 and more.
 """
 
 from __future__ import annotations
