@@ -10,6 +10,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <type_traits>
 
 constexpr float kBwdLog2e = 1.4426950408889634f;
 constexpr int kPadRows = 128;  // LSE and D are padded per head to a multiple of every main kernel's BLOCK_M
@@ -104,3 +106,39 @@ __global__ void __launch_bounds__(256) bwd_dq(FlashcoreBackwardParams b, Workspa
   fc::tensor<uint4>(b.dq)[i] = out;
 }
 
+// ---- the launches and plan entries of both passes, for every backward's launcher ----
+inline long long bwd_blocks_of_256(long long threads) { return (threads + 255) / 256; }
+
+template <int kHeadDim, class T>
+const char* launch_bwd_prep(const FlashcoreBackwardParams& b, const Workspace& w, cudaStream_t stream) {
+  const long long threads = static_cast<long long>(b.fwd.batch) * b.fwd.heads * w.padded_rows * (kHeadDim / 8);
+  bwd_prep<kHeadDim, T><<<static_cast<unsigned>(bwd_blocks_of_256(threads)), 256, 0, stream>>>(b, w);
+  return fc::launch_status();
+}
+
+template <int kHeadDim, class T>
+const char* launch_bwd_dq(const FlashcoreBackwardParams& b, const Workspace& w, cudaStream_t stream) {
+  const long long chunks = static_cast<long long>(b.fwd.batch) * b.fwd.heads * b.fwd.seq_len * (kHeadDim / 8);
+  bwd_dq<T><<<static_cast<unsigned>(bwd_blocks_of_256(chunks)), 256, 0, stream>>>(b, w, chunks);
+  return fc::launch_status();
+}
+
+// The element type as kernel names spell it (c++filt), and the two passes' plan entries.
+template <class T>
+constexpr const char* bwd_type_name() {
+  return std::is_same_v<T, __half> ? "__half" : "__nv_bfloat16";
+}
+
+template <int kHeadDim, class T>
+FlashcoreKernelPlan bwd_prep_plan() {
+  static char name[64];
+  snprintf(name, sizeof(name), "bwd_prep<%d, %s>", kHeadDim, bwd_type_name<T>());
+  return {name, 256, 0};
+}
+
+template <class T>
+FlashcoreKernelPlan bwd_dq_plan() {
+  static char name[64];
+  snprintf(name, sizeof(name), "bwd_dq<%s>", bwd_type_name<T>());
+  return {name, 256, 0};
+}

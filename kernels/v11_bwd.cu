@@ -76,9 +76,7 @@ const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   const FlashcoreParams& p = b.fwd;
   const Workspace w = carve(b);
   const long long heads = static_cast<long long>(p.batch) * p.heads;
-  const long long prep_threads = heads * w.padded_rows * (Cfg::kHeadDim / 8);
-  bwd_prep<Cfg::kHeadDim, T><<<static_cast<unsigned>((prep_threads + 255) / 256), 256, 0, stream>>>(b, w);
-  if (const char* err = fc::launch_status()) return err;
+  if (const char* err = launch_bwd_prep<Cfg::kHeadDim, T>(b, w, stream)) return err;
 
   constexpr auto kernel = v11_bwd<Cfg, T>;
   if (const char* err = allow_smem_once<kernel, Cfg::kSmemBytes>()) return err;
@@ -99,9 +97,7 @@ const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(b, w, dq_map);
   if (const char* err = fc::launch_status()) return err;
 
-  const long long chunks = heads * p.seq_len * (Cfg::kHeadDim / 8);
-  bwd_dq<T><<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream>>>(b, w, chunks);
-  return fc::launch_status();
+  return launch_bwd_dq<Cfg::kHeadDim, T>(b, w, stream);
 }
 
 // The long configuration unless its grid would leave SMs idle (one short wave), as in the forward.
@@ -123,29 +119,22 @@ const char* backward_dtype(const FlashcoreBackwardParams& b, cudaStream_t stream
 
 // The kernels' names as c++filt prints them (the plan's entries), e.g.
 // "v11_bwd<V11BwdConfig<64, 128, 64, true, 16>, __half>" (the defaulted keys per warp is part of the name).
-template <class T>
-constexpr const char* type_name() {
-  return std::is_same_v<T, __half> ? "__half" : "__nv_bfloat16";
-}
 
 template <class Cfg, class T>
 FlashcoreKernelPlan main_plan() {
   static char text[96];
   snprintf(text, sizeof(text), "v11_bwd<V11BwdConfig<%d, %d, %d, %s, %d>, %s>", Cfg::kHeadDim, Cfg::kBlockN,
-           Cfg::kBlockM, Cfg::kKvInRegs ? "true" : "false", Cfg::kWarpKeys, type_name<T>());
+           Cfg::kBlockM, Cfg::kKvInRegs ? "true" : "false", Cfg::kWarpKeys, bwd_type_name<T>());
   return {text, Cfg::kThreads, Cfg::kSmemBytes};
 }
 
 // One dtype's kernels at a head dim: the prep pass, each main configuration, the dq pass.
 template <int kHeadDim, class T, class... Cfgs>
 int plan_dtype(FlashcoreKernelPlan* plans) {
-  static char prep[64], dq[64];
-  snprintf(prep, sizeof(prep), "bwd_prep<%d, %s>", kHeadDim, type_name<T>());
-  snprintf(dq, sizeof(dq), "bwd_dq<%s>", type_name<T>());
   int n = 0;
-  plans[n++] = {prep, 256, 0};
+  plans[n++] = bwd_prep_plan<kHeadDim, T>();
   ((plans[n++] = main_plan<Cfgs, T>()), ...);
-  plans[n++] = {dq, 256, 0};
+  plans[n++] = bwd_dq_plan<T>();
   return n;
 }
 

@@ -52,9 +52,7 @@ const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   const FlashcoreParams& p = b.fwd;
   const Workspace w = carve(b);
   const long long heads = static_cast<long long>(p.batch) * p.heads;
-  const long long prep_threads = heads * w.padded_rows * (kHeadDim / 8);
-  bwd_prep<kHeadDim, T><<<static_cast<unsigned>((prep_threads + 255) / 256), 256, 0, stream>>>(b, w);
-  if (const char* err = fc::launch_status()) return err;
+  if (const char* err = launch_bwd_prep<kHeadDim, T>(b, w, stream)) return err;
 
   const auto kernel = v12_bwd<kHeadDim, Cfg::kBlockM, T>;
   if (const char* err = fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes)) return err;
@@ -76,9 +74,7 @@ const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(b, w, maps);
   if (const char* err = fc::launch_status()) return err;
 
-  const long long chunks = heads * p.seq_len * (kHeadDim / 8);
-  bwd_dq<T><<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream>>>(b, w, chunks);
-  return fc::launch_status();
+  return launch_bwd_dq<kHeadDim, T>(b, w, stream);
 }
 
 template <class T>
@@ -90,21 +86,14 @@ const char* backward_dtype(const FlashcoreBackwardParams& b, cudaStream_t stream
   }
 }
 
-template <class T>
-constexpr const char* type_name() {
-  return std::is_same_v<T, __half> ? "__half" : "__nv_bfloat16";
-}
-
 // prep, main, dq for one dtype (names as c++filt prints them)
 template <class Cfg, class T>
 int plan_dtype(FlashcoreKernelPlan* plans) {
-  static char prep[64], main[64], dq[64];
-  snprintf(prep, sizeof(prep), "bwd_prep<%d, %s>", Cfg::kHeadDim, type_name<T>());
-  snprintf(main, sizeof(main), "v12_bwd<%d, %d, %s>", Cfg::kHeadDim, Cfg::kBlockM, type_name<T>());
-  snprintf(dq, sizeof(dq), "bwd_dq<%s>", type_name<T>());
-  plans[0] = {prep, 256, 0};
+  static char main[64];
+  snprintf(main, sizeof(main), "v12_bwd<%d, %d, %s>", Cfg::kHeadDim, Cfg::kBlockM, bwd_type_name<T>());
+  plans[0] = bwd_prep_plan<Cfg::kHeadDim, T>();
   plans[1] = {main, Cfg::kThreads, Cfg::kSmemBytes};
-  plans[2] = {dq, 256, 0};
+  plans[2] = bwd_dq_plan<T>();
   return 3;
 }
 
