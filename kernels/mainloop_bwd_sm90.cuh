@@ -14,9 +14,13 @@
 #include <cstdint>
 
 // 1: P^T is computed while dP^T's wgmma runs, and dS^T while dV's does (64 queries per step only: D = 128);
-// 0: one wait for S^T and dP^T together
+// 0 (default: within 2% either way, v12_bwd.cu's header): one wait for S^T and dP^T together
 #ifndef V12_BWD_OVERLAP
-#define V12_BWD_OVERLAP 1
+#define V12_BWD_OVERLAP 0
+#endif
+// 1: dQ_i's product is issued before dK's, and dQ_i is added while dK's wgmma runs; 0: after dK's, both awaited
+#ifndef V12_BWD_DQ_FIRST
+#define V12_BWD_DQ_FIRST 1
 #endif
 
 constexpr int kDsBarrier = 1;  // named barrier: both consumers' dS^T stored (256 threads)
@@ -108,6 +112,7 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
   constexpr int kBlockM = Cfg::kBlockM, kHeadDim = Cfg::kHeadDim;
   // the overlap keeps P^T's fp32 values live beside dP^T: at 128 queries per step (D = 64) that spilled 48 bytes
   constexpr bool kOverlap = V12_BWD_OVERLAP != 0 && kBlockM == 64;
+  constexpr bool kDqFirst = V12_BWD_DQ_FIRST != 0;
   const FlashcoreParams& p = b.fwd;
   const int g = __shfl_sync(0xffffffffu, threadIdx.x / fc::kWarpgroupThreads, 0) - 1;  // 0 or 1, warp-uniform
   const int tid = threadIdx.x % fc::kWarpgroupThreads, warp = tid / 32, lane = tid % 32;
@@ -187,8 +192,10 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
       gemm_pv<T, kHeadDim, kBlockM>(dv, pa, desc_do_t + s * kStageStep);  // dV += P^T dO_i (A from registers)
       fc::wgmma_fence_operands(dv);
     }
-    gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);  // dK += dS^T Q_i (A from registers)
-    fc::wgmma_fence_operands(dk);
+    if constexpr (!kDqFirst) {
+      gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);  // dK += dS^T Q_i (A from registers)
+      fc::wgmma_fence_operands(dk);
+    }
     // dS (queries x keys) into buffer step % 2: both consumers' halves, then dQ_i's tile reads all of it
 #pragma unroll
     for (int i = 0; i < kBlockM / 16; ++i) fc::stmatrix_x4_trans(ds_lane + s * Cfg::kDsBytes + i * 2048, dsa[i]);
@@ -198,13 +205,22 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
     float dq[32];
     gemm_dq<T, kBlockM>(dq, desc_ds + s * kDsStep, desc_k_t);
     fc::wgmma_fence_operands(dq);
-    fc::wgmma_wait<0>();
+    if constexpr (kDqFirst) {
+      // dK issued after dQ_i, so that dQ_i is added while dK's wgmma runs
+      gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);
+      fc::wgmma_fence_operands(dk);
+      fc::wgmma_wait<1>();
+    } else {
+      fc::wgmma_wait<0>();
+    }
     fc::wgmma_fence_operands(dv);
-    fc::wgmma_fence_operands(dk);
     fc::wgmma_fence_operands(dq);
     fc::wgmma_fence_operands(pa);
-    fc::wgmma_fence_operands(dsa);
-    release(&bars.empty[s]);
+    if constexpr (!kDqFirst) {
+      fc::wgmma_fence_operands(dk);
+      fc::wgmma_fence_operands(dsa);
+      fc::mbarrier_arrive(&bars.empty[s]);  // every thread: its reads of the stage's LSE_i and D_i are done
+    }
     // dQ's tile into the staging tile (2 panels of [64 rows][32 fp32], 128-byte swizzled), then one thread adds it
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -225,6 +241,12 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
                               dq_stage + panel * 64 * 128);
       }
       fc::tma_store_commit();
+    }
+    if constexpr (kDqFirst) {
+      fc::wgmma_wait<0>();  // dK (it reads Q_i) before the stage is released
+      fc::wgmma_fence_operands(dk);
+      fc::wgmma_fence_operands(dsa);
+      fc::mbarrier_arrive(&bars.empty[s]);  // every thread: its reads of the stage's LSE_i and D_i are done
     }
   }
   if (tid == 0) fc::tma_store_wait<0>();
@@ -255,7 +277,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim, kBlockM>::kThreads, 1)
     fc::mbarrier_init(&bars.kv_full, 1);
     for (int s = 0; s < 2; ++s) {
       fc::mbarrier_init(&bars.full[s], 1);
-      fc::mbarrier_init(&bars.empty[s], 4 * Cfg::kConsumers);
+      fc::mbarrier_init(&bars.empty[s], fc::kWarpgroupThreads * Cfg::kConsumers);
     }
     fc::fence_mbarrier_init();
   }

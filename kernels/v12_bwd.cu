@@ -23,16 +23,30 @@
 // bwd_passes.cuh (prep, dq), consumer_sm90.cuh (the forward's GEMM and packing steps, reused).
 //
 // Configuration: 128 keys per CTA; D = 64: 128 queries per step (dQ tiles split by rows), D = 128: 64 (split by
-// columns); 2 stages of Q_i, dO_i; dS double-buffered; one CTA per SM (193-194 KB). At D = 128 a consumer computes
-// P^T while dP^T's wgmma runs and dS^T while dV's does (V12_BWD_OVERLAP, default 1; at D = 64 the P^T values kept
-// live beside dP^T spilled 48 bytes, so it waits for both). A registry entry with V12_BWD_OVERLAP: 0 beside v12
-// measures the overlap in one bench run.
+// columns); 2 stages of Q_i, dO_i, LSE_i, D_i; dS double-buffered; one CTA per SM (194-195 KB). dQ_i's product is
+// issued before dK's, so that dQ_i is staged and reduce-added while dK's wgmma runs (V12_BWD_DQ_FIRST, default 1).
+// Every consumer thread arrives on a stage's empty barrier after its own reads of LSE_i and D_i (lane 0 alone
+// arriving was reported by racecheck as a race with the producer's bulk copies refilling the stage).
 //
 // Run:  flashcore test v12 && flashcore bench v12 --pass bwd --shape 2,16,4096,128
 //
-// Status (2026-11-26): compiled (ptxas: 168 registers at launch, consumers raised to 240; 0 spills; 193-194 KB;
-// 32 HGMMA per step's code, STSM, UTMALDG/UBLKCP, UTMAREDG in the SASS) but NOT YET RUN on a GPU: the session that
-// wrote it had no device time left. It lives on branch wip/v12-bwd until `flashcore test v12` passes on the GPU.
+// Measured (H200, cold mode, the backward alone, one bench run per row beside SDPA's backends; records in
+// docs/results/h200-v12-bwd-*-2026-11-26.json, the story in docs/ladder.md "v12's backward"):
+// - correct on the first run: `flashcore test v12` 216 OK (gradients under the rule), worst err/tol 0.88; 2000
+//   random launches with gradients: 1997 OK, 3 with one element each over (worst 1.06x), the same 16-bit-dS tail
+//   as v11's backward; memcheck, racecheck, synccheck clean at 1,2,97,64, 1,4:2,97:61,128, 1,4:2,200:97,64 causal.
+// - first cut, 2,16,4096,128: 1478 us, 0.85x cuDNN (1254), 1.62x FA2 (2399); D=64: 873 us, 0.89x cuDNN; D=128
+//   causal 0.88x, D=64 causal 0.95x, 1,16,16384,64 0.93x, 1,16,16384,128 causal 0.90x.
+// - dQ first (this build), one run beside the first cut: 2,16,4096,64 863 vs 876 us, 2,16,4096,128 causal 848 vs
+//   878, 2,16,4096,128 1510 vs 1489 (within that row's p10-p90 spread of 1477-1538).
+// - this build (every consumer thread arrives), 2,16,4096,128 causal: 839 us beside cuDNN's 775 (0.92x).
+// Tried, not kept (one run each beside the first cut, docs/results/h200-v12-bwd-candidates-2026-11-26.json):
+// - dQ_i added from registers by red.global.add.v2.f32 instead of staging + TMA reduce-add: 15% slower at D=128
+//   (1708 vs 1485 us), 10% at D=64.
+// - V12_BWD_OVERLAP=1 (at D=128, P^T computed while dP^T's wgmma runs and dS^T while dV's does): within 2% of
+//   waiting for both, either way in different runs; the default is 0 (at D=64 it spilled 48 bytes).
+// Not reached: >= 1.0x cuDNN. ncu (2,16,4096,128, first cut): issue slots 21% busy, 10.3 warp cycles per issued
+// instruction (3.1 long scoreboard, 1.9 wait, 1.0 barrier), 8.9 of 12 warps active (7.8 waves of one CTA per SM).
 #include "bwd_passes.cuh"
 #include "flashcore.h"
 #include "hopper.cuh"
