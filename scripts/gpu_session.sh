@@ -104,19 +104,20 @@ prevbench() {  # v11 beside the build before this session (.prev/variants.yaml, 
 }
 
 v12bwd() {  # v12's backward: its test cases (gradients checked), then the backward alone and fwd+bwd at issue 30's
-  # rows beside v11's, SDPA's backends and v12 without the D=128 overlap (V12_BWD_OVERLAP=0, an entry written for
-  # the run into out/, next to variants.yaml's copy), one bench run per row
+  # rows beside v11's, SDPA's backends and v12first (the first cut's switches: V12_BWD_OVERLAP=1, V12_BWD_DQ_FIRST=0,
+  # an entry written for the run into out/, next to variants.yaml's copy), one bench run per row
   step test-v12 flashcore test v12 --json "$LOGS/test-v12.json"
   mkdir -p out
-  local reg=out/v12-overlap.yaml
+  local reg=out/v12-first.yaml
   { sed 's#\(kernels/[A-Za-z0-9_]*\.cu\)#../\1#g' variants.yaml
-    printf '  - name: v12serial\n    sources: [../kernels/v12.cu, ../kernels/v12_bwd.cu]\n    defines: {V12_BWD_OVERLAP: 0}\n'
+    printf '  - name: v12first\n    sources: [../kernels/v12.cu, ../kernels/v12_bwd.cu]\n'
+    printf '    defines: {V12_BWD_OVERLAP: 1, V12_BWD_DQ_FIRST: 0}\n'
     printf '    archs: [sm_90a]\n    dtypes: [fp16, bf16]\n    features: [gqa, seqlen_kv, lse, backward]\n'
-    printf '    summary: "v12, its backward without the D=128 overlap"\n    head_dims: [64, 128]\n    causal: true\n'; } >"$reg"
+    printf '    summary: "v12, its backward with the first cut'"'"'s switches"\n    head_dims: [64, 128]\n    causal: true\n'; } >"$reg"
   for spec in "2,16,4096,64" "2,16,4096,64 --causal" "2,16,4096,128" "2,16,4096,128 --causal" "1,16,16384,64" \
               "1,16,16384,128 --causal"; do
     for pass in bwd fwd+bwd; do
-      step "bench-$pass-${spec// /}" flashcore --registry "$reg" bench v12 v12serial v11 --pass "$pass" --shape $spec \
+      step "bench-$pass-${spec// /}" flashcore --registry "$reg" bench v12 v12first v11 --pass "$pass" --shape $spec \
         --reps 100 --json "$LOGS/bench-$pass-${spec// /}.json"
     done
   done
