@@ -33,13 +33,16 @@
 // Measured (H200, cold mode, the backward alone, one bench run per row beside SDPA's backends; records in
 // docs/results/h200-v12-bwd-*-2026-11-26.json, the story in docs/ladder.md "v12's backward"):
 // - correct on the first run: `flashcore test v12` 216 OK (gradients under the rule), worst err/tol 0.88; 2000
-//   random launches with gradients: 1997 OK, 3 with one element each over (worst 1.06x), the same 16-bit-dS tail
-//   as v11's backward; memcheck, racecheck, synccheck clean at 1,2,97,64, 1,4:2,97:61,128, 1,4:2,200:97,64 causal.
+//   random launches with gradients (the build before every thread arrived): 1997 OK, 3 with one element each over
+//   (worst 1.06x), the same 16-bit-dS tail as v11's backward; memcheck, racecheck, synccheck clean at 1,2,97,64,
+//   1,4:2,97:61,128 and 1,4:2,200:97,64 causal.
 // - first cut, 2,16,4096,128: 1478 us, 0.85x cuDNN (1254), 1.62x FA2 (2399); D=64: 873 us, 0.89x cuDNN; D=128
 //   causal 0.88x, D=64 causal 0.95x, 1,16,16384,64 0.93x, 1,16,16384,128 causal 0.90x.
 // - dQ first (this build), one run beside the first cut: 2,16,4096,64 863 vs 876 us, 2,16,4096,128 causal 848 vs
 //   878, 2,16,4096,128 1510 vs 1489 (within that row's p10-p90 spread of 1477-1538).
-// - this build (every consumer thread arrives), 2,16,4096,128 causal: 839 us beside cuDNN's 775 (0.92x).
+// - this build, one run (docs/results/h200-v12-bwd-final-2026-11-26.json): 0.88x cuDNN at 2,16,4096,128 (1461 vs
+//   1279 us), 0.91x at D=64, 0.93x / 0.96x causal, 0.96x at 1,16,16384,64, 0.93x at 1,16,16384,128 causal;
+//   1.49-1.70x FA2. fwd+bwd at 2,16,4096,128: 0.88x cuDNN (1939 vs 1702 us).
 // Tried, not kept (one run each beside the first cut, docs/results/h200-v12-bwd-candidates-2026-11-26.json):
 // - dQ_i added from registers by red.global.add.v2.f32 instead of staging + TMA reduce-add: 15% slower at D=128
 //   (1708 vs 1485 us), 10% at D=64.
