@@ -49,7 +49,8 @@
 // - V12_BWD_OVERLAP=1 (at D=128, P^T computed while dP^T's wgmma runs and dS^T while dV's does): within 2% of
 //   waiting for both, either way in different runs; the default is 0 (at D=64 it spilled 48 bytes).
 // Not reached: >= 1.0x cuDNN. ncu (2,16,4096,128, first cut): issue slots 21% busy, 10.3 warp cycles per issued
-// instruction (3.1 long scoreboard, 1.9 wait, 1.0 barrier), 8.9 of 12 warps active (7.8 waves of one CTA per SM).
+// instruction (3.1 long scoreboard, 1.9 wait, 1.0 barrier), 8.9 of 12 warps active (9 of a CTA's 12 live: three
+// of the producer warpgroup's warps exit at once).
 #include "bwd_passes.cuh"
 #include "flashcore.h"
 #include "hopper.cuh"
