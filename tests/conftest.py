@@ -115,3 +115,16 @@ def host_check_program(tmp_path_factory, source: Path, target: str) -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return exe
+
+
+def run_host_check(exe: Path, cases: list[str]) -> list[str]:
+    """Run a host check program on cases and return its lines, asserting one OK verdict per case, in order
+    (`OK case ...`; anything else is a failure, shown)."""
+    import subprocess
+
+    proc = subprocess.run([str(exe), *cases], capture_output=True, text=True, timeout=300)
+    lines = proc.stdout.splitlines()
+    failed = [line for line in lines if not line.startswith("OK ")]
+    assert proc.returncode == 0 and not failed, "\n".join(failed[:10]) + proc.stderr
+    assert [line.split()[1] for line in lines] == cases  # one verdict per case, in order
+    return lines

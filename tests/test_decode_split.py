@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import host_check_program
+from conftest import host_check_program, run_host_check
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "tests" / "fixtures" / "hosts" / "decode_split.cu"
@@ -74,24 +74,15 @@ def cases() -> list[str]:
     return out
 
 
-def run(exe, wanted: list[str]) -> list[str]:
-    proc = subprocess.run([str(exe), *wanted], capture_output=True, text=True, timeout=300)
-    lines = proc.stdout.splitlines()
-    failed = [line for line in lines if not line.startswith("OK ")]
-    assert proc.returncode == 0 and not failed, "\n".join(failed[:10]) + proc.stderr
-    assert [line.split()[1] for line in lines] == wanted  # one verdict per case, in order
-    return lines
-
-
 def test_decode_split_covers_every_key_once_and_records_fit_the_workspace(split_check):
-    lines = run(split_check, cases())
+    lines = run_host_check(split_check, cases())
     splits = {int(line.split()[2].split("=")[1]) for line in lines}
     assert 1 in splits and max(splits) > 32  # both regimes: whole heads per CTA, and heads cut into many splits
 
 
 def test_decode_split_counts_at_the_target_shapes(split_check):
     wanted = [f"{b},{h},{h_kv},{s},{s_kv},{d},264" for (b, h, h_kv, s, s_kv, d) in TARGETS]
-    got = [int(line.split()[2].split("=")[1]) for line in run(split_check, wanted)]
+    got = [int(line.split()[2].split("=")[1]) for line in run_host_check(split_check, wanted)]
     assert got == list(TARGETS.values())
 
 
@@ -120,9 +111,9 @@ def test_a_forced_split_count_is_obeyed_by_the_launcher_and_the_workspace(tmp_pa
     exe = build_with_knobs(tmp_path_factory, {"DECODE_SPLITS": forced})
     # every case's coverage, records and workspace; slots = 0: plan_for and flashcore_forward_workspace; the
     # program itself fails any plan whose count is not the forced one
-    run(exe, cases())
+    run_host_check(exe, cases())
     wanted = [f"{b},{h},{h_kv},{s},{s_kv},{d},0" for (b, h, h_kv, s, s_kv, d) in TARGETS] + FORCED_EXTRA
-    assert splits_of(run(exe, wanted)) == FORCED[forced]
+    assert splits_of(run_host_check(exe, wanted)) == FORCED[forced]
 
 
 # DECODE_MIN_BLOCKS caps the CTAs per SM the plan counts on (what shared memory fits, at most the knob):
@@ -137,7 +128,7 @@ PER_SM = {
 def test_the_plan_counts_the_ctas_per_sm_the_knobs_give(tmp_path_factory, knobs):
     exe = build_with_knobs(tmp_path_factory, dict(knobs))
     wanted = [f"{b},{h},{h_kv},{s},{s_kv},{d},0" for (b, h, h_kv, s, s_kv, d) in TARGETS]
-    assert splits_of(run(exe, wanted)) == PER_SM[knobs]
+    assert splits_of(run_host_check(exe, wanted)) == PER_SM[knobs]
 
 
 def test_the_registry_tunes_the_knobs_the_decode_sources_define():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import host_check_program
+from conftest import host_check_program, run_host_check
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "tests" / "fixtures" / "hosts" / "v12_bwd_steps.cu"
@@ -38,12 +38,7 @@ def shapes() -> list[str]:
 
 
 def test_v12_backward_steps_cover_exactly_the_visible_blocks_and_mask_every_partial_one(steps_check):
-    wanted = shapes()
-    proc = subprocess.run([str(steps_check), *wanted], capture_output=True, text=True, timeout=300)
-    lines = proc.stdout.splitlines()
-    failed = [line for line in lines if not line.startswith("OK ")]
-    assert proc.returncode == 0 and not failed, "\n".join(failed[:10]) + proc.stderr
-    assert [line.split()[1] for line in lines] == wanted  # one verdict per shape, in order
+    run_host_check(steps_check, shapes())
 
 
 def test_v12_backward_steps_check_fails_where_it_must(steps_check):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import host_check_program
+from conftest import host_check_program, run_host_check
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "tests" / "fixtures" / "hosts" / "v12_items.cu"
@@ -52,12 +52,7 @@ def shapes_kv() -> list[str]:
 
 
 def test_v12_work_list_covers_every_row_once_and_every_item_is_dealt_once(items_check):
-    wanted = shapes()
-    proc = subprocess.run([str(items_check), *wanted], capture_output=True, text=True, timeout=300)
-    lines = proc.stdout.splitlines()
-    failed = [line for line in lines if not line.startswith("OK ")]
-    assert proc.returncode == 0 and not failed, "\n".join(failed[:10]) + proc.stderr
-    assert [line.split()[1] for line in lines] == wanted  # one verdict per shape, in order
+    lines = run_host_check(items_check, shapes())
     plans = {tuple(int(kv.split("=")[1]) for kv in line.split()[2:5]) for line in lines}
     # the set reaches every kind of list the launcher makes: 1 (short grids), 2 and 3 consumers, and mixed lists
     assert {1, 2, 3} <= {consumers for consumers, _, _ in plans}
@@ -65,12 +60,7 @@ def test_v12_work_list_covers_every_row_once_and_every_item_is_dealt_once(items_
 
 
 def test_v12_work_list_over_other_key_lengths_and_shared_kv_heads(items_check):
-    wanted = shapes_kv()
-    proc = subprocess.run([str(items_check), *wanted], capture_output=True, text=True, timeout=300)
-    lines = proc.stdout.splitlines()
-    failed = [line for line in lines if not line.startswith("OK ")]
-    assert proc.returncode == 0 and not failed, "\n".join(failed[:10]) + proc.stderr
-    assert [line.split()[1] for line in lines] == wanted
+    lines = run_host_check(items_check, shapes_kv())
     empty = {line.split()[1]: int(line.split()[5].split("=")[1]) for line in lines}
     # causal with S > S_kv leaves items whose rows see no key (no tiles, still written); never without causal
     assert empty["1,1,4096,64,1,17,1"] > 0 and empty["1,1,4096,64,0,17,1"] == 0
