@@ -1,3 +1,3 @@
-from flashcore_cli.cli import main
+from flashcore_cli.entry import main
 
 main()

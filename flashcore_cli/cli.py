@@ -3,7 +3,8 @@ calls. torch is never imported here, so `flashcore --help` stays fast.
 
 Every command runs inside handle_errors, which gives each outcome its exit code (errors.py lists them): a
 FlashcoreError is one line and its code (2: bad input), an unexpected exception one line and the path of a
-log holding its traceback (3), Ctrl-C 130. main() lets a closed pipe end the process quietly (141).
+log holding its traceback (3), Ctrl-C 130. The entry point (entry.py) lets a closed pipe end the process
+quietly (141) and replays a cached --help screen without importing this module.
 """
 
 from __future__ import annotations
@@ -257,14 +258,3 @@ from flashcore_cli import cli_tools  # noqa: E402  (the instruments: sanitize, p
 
 cli_tools.register(app, handle_errors)
 
-
-def main() -> None:
-    import signal
-
-    # `flashcore list | head -1`: when the reader goes, stop at once and quietly, as cat, grep and git do: killed
-    # by SIGPIPE, which a shell reports as 141 (128 + 13). Python ignores SIGPIPE by default, so the write would
-    # raise BrokenPipeError instead, and click and rich turn that into exit 1 (and at times a traceback at exit).
-    # Children are unaffected (subprocess restores SIGPIPE's default in them anyway).
-    if hasattr(signal, "SIGPIPE"):
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    app()

@@ -7,7 +7,7 @@ Exit codes of every command (README, "Exit codes"):
     3    an internal error: a bug in flashcore; one line, and the traceback in a log file
     130  interrupted (Ctrl-C)
     141  the output went to a pipe that closed early (`flashcore list | head -1`): killed by SIGPIPE, quietly,
-         as cat and git are (cli.main)
+         as cat and git are (entry.main)
 """
 
 EXIT_OK = 0

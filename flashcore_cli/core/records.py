@@ -25,7 +25,8 @@ from pathlib import Path
 
 from flashcore_cli.core.errors import FlashcoreError
 
-CACHE_ENV = "FLASHCORE_CACHE"
+from flashcore_cli.core.paths import CACHE_ENV, cache_root  # noqa: F401  (re-exported: where the cache is)
+
 RESULTS_ENV = "FLASHCORE_RESULTS"
 
 
@@ -49,12 +50,6 @@ def save_record(record: dict, kind: str, label: str = "") -> Path:
     except OSError as exc:
         raise FlashcoreError(f"cannot write the record {path} ({exc.strerror or exc}); set {RESULTS_ENV} to a writable folder") from None
     return path
-
-
-# The cache (builds, tuned parameters, harness extensions, crash logs): $FLASHCORE_CACHE or ~/.cache/flashcore.
-def cache_root() -> Path:
-    env = os.environ.get(CACHE_ENV)
-    return Path(env) if env else Path.home() / ".cache" / "flashcore"
 
 
 _usable: set[str] = set()  # folders already proved writable in this process
