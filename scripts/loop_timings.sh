@@ -9,7 +9,8 @@
 #   edit+test v11    the same kind of edit, then `test v11 --shapes 1,8,512,64`
 #   cached build v8  `build v8` with nothing changed
 #   build --all      every variant, on an empty FLASHCORE_CACHE (a fresh one per run)
-#   --help           `flashcore --help`
+#   --help           `flashcore --help` (run 1 renders the screen into the user's cache, unless an earlier one did;
+#                    later runs replay it: flashcore_cli/entry.py)
 # The first three use a cache of their own, warmed first (its binding, v8 and v11 built, and v11 tested once;
 # the warm-up's time is printed, not part of the table). kernels/v11.cu is restored on exit, however the script
 # ends. Exit 1 when a command failed (its cell says FAIL and its output's tail is printed).
