@@ -22,9 +22,16 @@
 #ifndef V12_BWD_DQ_FIRST
 #define V12_BWD_DQ_FIRST 1
 #endif
+// 1: a warp of the producer warpgroup issues each consumer's dQ reduce-add (the consumers only stage the tile and
+// arrive); 0: the consumer's thread 0 issues it after the warpgroup has met
+#ifndef V12_BWD_DQ_WARP
+#define V12_BWD_DQ_WARP 0
+#endif
 
 constexpr int kDsBarrier = 1;  // named barrier: both consumers' dS^T stored (256 threads)
 constexpr int kDqBarrier = 2;  // + g: consumer g's dQ staged (128 threads)
+constexpr int kDqFull = 4;     // + g (V12_BWD_DQ_WARP): consumer g's dQ staged, for the dQ warp (128 + 32 threads)
+constexpr int kDqEmpty = 6;    // + g (V12_BWD_DQ_WARP): the dQ warp has read consumer g's staged tile (128 + 32)
 
 __device__ __forceinline__ unsigned char* v12_bwd_smem() {
   extern __shared__ unsigned char smem_raw[];
@@ -58,6 +65,39 @@ __device__ __forceinline__ void bwd_producer(const FlashcoreBackwardParams& b, c
     fc::bulk_load(stats, w.lse2 + row, Cfg::kBlockM * 4, &bars.full[s]);
     fc::bulk_load(stats + Cfg::kBlockM, w.dsum + row, Cfg::kBlockM * 4, &bars.full[s]);
   }
+}
+
+// V12_BWD_DQ_WARP: warp 1 of the producer warpgroup. For every step and consumer: wait until the consumer has
+// staged its dQ tile, let lane 0 reduce-add it by TMA, and once the copy has read the staging tile (not before
+// the next step's, so every tile but the last) tell the consumer it may write the next one.
+template <class Cfg>
+__device__ __forceinline__ void bwd_dq_writer(const FlashcoreBackwardParams& b, const BwdMaps& maps) {
+  unsigned char* smem = v12_bwd_smem();
+  const BwdSteps steps = bwd_steps<Cfg::kBlockN, Cfg::kBlockM>(b.fwd, blockIdx.x, blockIdx.y);
+  const bool leader = threadIdx.x % 32 == 0;
+  for (int step = 0; step < steps.count; ++step) {
+    const int bh = steps.bh(step), m0 = steps.m0(step, Cfg::kBlockM);
+#pragma unroll
+    for (int g = 0; g < Cfg::kConsumers; ++g) {
+      fc::named_barrier_sync(kDqFull + g, fc::kWarpgroupThreads + 32);
+      if (leader) {
+        const int row_half = Cfg::kDqByRows ? g : 0, col_half = Cfg::kDqByRows ? 0 : g;
+        unsigned char* stage = smem + Cfg::kDqOffset + g * Cfg::kDqBytes;
+#pragma unroll
+        for (int panel = 0; panel < 2; ++panel) {
+          fc::tma_reduce_add_3d(&maps.dq, 64 * col_half + 32 * panel, m0 + 64 * row_half, bh, stage + panel * 64 * 128);
+        }
+        fc::tma_store_commit();
+      }
+    }
+    if (step + 1 < steps.count) {
+      if (leader) fc::tma_store_wait_read<0>();
+      __syncwarp();
+#pragma unroll
+      for (int g = 0; g < Cfg::kConsumers; ++g) fc::named_barrier_arrive(kDqEmpty + g, fc::kWarpgroupThreads + 32);
+    }
+  }
+  if (leader) fc::tma_store_wait<0>();
 }
 
 // dQ's 64 x 64 tile of this consumer: dS (its 64 query rows, all kBlockN keys: two K-major panels) times K_j's
@@ -112,7 +152,7 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
   constexpr int kBlockM = Cfg::kBlockM, kHeadDim = Cfg::kHeadDim;
   // the overlap keeps P^T's fp32 values live beside dP^T: at 128 queries per step (D = 64) that spilled 48 bytes
   constexpr bool kOverlap = V12_BWD_OVERLAP != 0 && kBlockM == 64;
-  constexpr bool kDqFirst = V12_BWD_DQ_FIRST != 0;
+  constexpr bool kDqFirst = V12_BWD_DQ_FIRST != 0, kDqWarp = V12_BWD_DQ_WARP != 0;
   const FlashcoreParams& p = b.fwd;
   const int g = __shfl_sync(0xffffffffu, threadIdx.x / fc::kWarpgroupThreads, 0) - 1;  // 0 or 1, warp-uniform
   const int tid = threadIdx.x % fc::kWarpgroupThreads, warp = tid / 32, lane = tid % 32;
@@ -200,7 +240,7 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
 #pragma unroll
     for (int i = 0; i < kBlockM / 16; ++i) fc::stmatrix_x4_trans(ds_lane + s * Cfg::kDsBytes + i * 2048, dsa[i]);
     fc::fence_proxy_async_shared();
-    if (tid == 0) fc::tma_store_wait_read<0>();  // the last step's dQ tile has left the staging tile
+    if (!kDqWarp && tid == 0) fc::tma_store_wait_read<0>();  // the last step's dQ tile has left the staging tile
     fc::named_barrier_sync(kDsBarrier, 2 * fc::kWarpgroupThreads);
     float dq[32];
     gemm_dq<T, kBlockM>(dq, desc_ds + s * kDsStep, desc_k_t);
@@ -222,6 +262,8 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
       fc::mbarrier_arrive(&bars.empty[s]);  // every thread: its reads of the stage's LSE_i and D_i are done
     }
     // dQ's tile into the staging tile (2 panels of [64 rows][32 fp32], 128-byte swizzled), then one thread adds it
+    // (V12_BWD_DQ_WARP: the dQ warp, once it has read the last step's tile)
+    if (kDqWarp && step > 0) fc::named_barrier_sync(kDqEmpty + g, fc::kWarpgroupThreads + 32);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int col = 8 * j + 2 * (tid % 4), panel = col / 32, chunk = (col % 32) / 4;
@@ -233,8 +275,12 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
       }
     }
     fc::fence_proxy_async_shared();
-    fc::named_barrier_sync(kDqBarrier + g, fc::kWarpgroupThreads);
-    if (tid == 0) {
+    if constexpr (kDqWarp) {
+      fc::named_barrier_arrive(kDqFull + g, fc::kWarpgroupThreads + 32);
+    } else {
+      fc::named_barrier_sync(kDqBarrier + g, fc::kWarpgroupThreads);
+    }
+    if (!kDqWarp && tid == 0) {
 #pragma unroll
       for (int panel = 0; panel < 2; ++panel) {
         fc::tma_reduce_add_3d(&maps.dq, 64 * dq_col_half + 32 * panel, m0 + 64 * dq_row_half, bh,
@@ -249,7 +295,7 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
       fc::mbarrier_arrive(&bars.empty[s]);  // every thread: its reads of the stage's LSE_i and D_i are done
     }
   }
-  if (tid == 0) fc::tma_store_wait<0>();
+  if (!kDqWarp && tid == 0) fc::tma_store_wait<0>();
 
   // dK = scale dS^T Q, dV = P^T dO for this warpgroup's 64 keys (rows at or past S_kv are not written)
   const size_t kv_base = static_cast<size_t>(blockIdx.y) * p.seq_len_kv * kHeadDim;
@@ -285,6 +331,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim, kBlockM>::kThreads, 1)
   if (threadIdx.x < fc::kWarpgroupThreads) {
     fc::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) bwd_producer<Cfg>(b, w, maps);
+    if (V12_BWD_DQ_WARP != 0 && threadIdx.x / 32 == 1) bwd_dq_writer<Cfg>(b, maps);
     return;
   }
   fc::setmaxnreg_inc<Cfg::kConsumerRegs>();

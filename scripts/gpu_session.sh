@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the lent GPU: install, then the steps named on the command line.
-#   bash scripts/gpu_session.sh smoke|ladder|shapes|check|stress|sanitizers|instruments|grads|bwdbench|v12bwd|gputests|loop ...
+#   bash scripts/gpu_session.sh smoke|ladder|shapes|check|stress|sanitizers|instruments|grads|bwdbench|v12bwd|v12dqwarp|gputests|loop ...
 # VARIANTS="v9 v11" picks the variants of check, stress and sanitizers (default: v9 v10 v11).
 # Each step's output is printed and logged; logs and JSON records come back packed in $OUT/logs.tgz
 # (the device returns only a few files). REGISTRY=path picks another registry.
@@ -103,23 +103,40 @@ prevbench() {  # v11 beside the build before this session (.prev/variants.yaml, 
   done
 }
 
+v12_registry() {  # v12_registry FILE NAME DEFINES SUMMARY: variants.yaml (paths from out/) plus v12 built with DEFINES
+  mkdir -p out
+  { sed 's#\(kernels/[A-Za-z0-9_]*\.cu\)#../\1#g' variants.yaml
+    printf '  - name: %s\n    sources: [../kernels/v12.cu, ../kernels/v12_bwd.cu]\n    defines: {%s}\n' "$2" "$3"
+    printf '    archs: [sm_90a]\n    dtypes: [fp16, bf16]\n    features: [gqa, seqlen_kv, lse, backward]\n'
+    printf '    summary: "%s"\n    head_dims: [64, 128]\n    causal: true\n' "$4"; } >"$1"
+}
+
 v12bwd() {  # v12's backward: its test cases (gradients checked), then the backward alone and fwd+bwd at issue 30's
   # rows beside v11's, SDPA's backends and v12first (the first cut's switches: V12_BWD_OVERLAP=1, V12_BWD_DQ_FIRST=0,
   # an entry written for the run into out/, next to variants.yaml's copy), one bench run per row
   step test-v12 flashcore test v12 --json "$LOGS/test-v12.json"
-  mkdir -p out
   local reg=out/v12-first.yaml
-  { sed 's#\(kernels/[A-Za-z0-9_]*\.cu\)#../\1#g' variants.yaml
-    printf '  - name: v12first\n    sources: [../kernels/v12.cu, ../kernels/v12_bwd.cu]\n'
-    printf '    defines: {V12_BWD_OVERLAP: 1, V12_BWD_DQ_FIRST: 0}\n'
-    printf '    archs: [sm_90a]\n    dtypes: [fp16, bf16]\n    features: [gqa, seqlen_kv, lse, backward]\n'
-    printf '    summary: "v12, its backward with the first cut'"'"'s switches"\n    head_dims: [64, 128]\n    causal: true\n'; } >"$reg"
+  v12_registry "$reg" v12first "V12_BWD_OVERLAP: 1, V12_BWD_DQ_FIRST: 0" "v12, its backward with the first cut's switches"
   for spec in "2,16,4096,64" "2,16,4096,64 --causal" "2,16,4096,128" "2,16,4096,128 --causal" "1,16,16384,64" \
               "1,16,16384,128 --causal"; do
     for pass in bwd fwd+bwd; do
       step "bench-$pass-${spec// /}" flashcore --registry "$reg" bench v12 v12first v11 --pass "$pass" --shape $spec \
         --reps 100 --json "$LOGS/bench-$pass-${spec// /}.json"
     done
+  done
+}
+
+v12dqwarp() {  # the V12_BWD_DQ_WARP candidate (a producer warp issues the dQ reduce-adds): its test cases, racecheck
+  # at a shape that reuses stages, and the backward alone beside v12 at three of issue 30's rows
+  local reg=out/v12-dqwarp.yaml
+  v12_registry "$reg" v12dqwarp "V12_BWD_DQ_WARP: 1" "v12, its dQ reduce-adds issued by a producer warp"
+  step test-v12dqwarp flashcore --registry "$reg" test v12dqwarp --json "$LOGS/test-v12dqwarp.json"
+  for tool in racecheck memcheck synccheck; do
+    step "sanitize-v12dqwarp-$tool" flashcore --registry "$reg" sanitize v12dqwarp --tool "$tool" --shape 1,4:2,97:61,128 --causal
+  done
+  for spec in "2,16,4096,128" "2,16,4096,64" "2,16,4096,128 --causal"; do
+    step "bench-bwd-dqwarp-${spec// /}" flashcore --registry "$reg" bench v12 v12dqwarp --pass bwd --shape $spec \
+      --reps 100 --json "$LOGS/bench-bwd-dqwarp-${spec// /}.json"
   done
 }
 
