@@ -25,7 +25,7 @@
 // 1 (default): a warp of the producer warpgroup issues each consumer's dQ reduce-add (the consumers only stage the
 // tile and arrive); 0: the consumer's thread 0 issues it after the warpgroup has met, and waits for the copy to
 // have read the staging tile before the next step's dQ. H200, backward alone, one run beside the build with 0
-// (docs/results/h200-v12-bwd-dqwarp-2026-11-26.json): 3-7% faster at issue 30's six rows.
+// (docs/results/h200-v12-bwd-dqwarp-2026-11-26.json): 2.6-7.1% faster at issue 30's six rows.
 #ifndef V12_BWD_DQ_WARP
 #define V12_BWD_DQ_WARP 1
 #endif

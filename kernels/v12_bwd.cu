@@ -10,7 +10,8 @@
 //   dV  += P^T dO_i,   dK  += dS^T Q_i              wgmma, A from registers (RS), dO_i, Q_i read N-major
 //   dS   -> shared memory (stmatrix .trans: queries x keys), both consumers meet,
 //   dQ_i  = dS K_j                                  wgmma SS, K_j read N-major; each consumer one 64 x 64 tile
-// and each consumer's dQ tile goes out by TMA reduce-add (fp32, into the accumulator every key block adds to).
+// and each consumer's dQ tile, staged in shared memory, goes out by TMA reduce-add (fp32, into the accumulator every
+// key block adds to), issued by a warp of the producer warpgroup.
 // The passes around it (bwd_passes.cuh, shared with v11): prep (D = rowsum(dO o O), LSE log2 e, the accumulator
 // zeroed) and dq (the accumulator times scale, rounded). The forward writes O's rounding residual where a training
 // call asks for it, so D is taken from the fp32 O (flashcore.h).
@@ -26,7 +27,10 @@
 // columns); 2 stages of Q_i, dO_i, LSE_i, D_i; dS double-buffered; one CTA per SM (194-195 KB). dQ_i's product is
 // issued before dK's, so that dQ_i is staged and reduce-added while dK's wgmma runs (V12_BWD_DQ_FIRST, default 1).
 // Every consumer thread arrives on a stage's empty barrier after its own reads of LSE_i and D_i (lane 0 alone
-// arriving was reported by racecheck as a race with the producer's bulk copies refilling the stage).
+// arriving was reported by racecheck as a race with the producer's bulk copies refilling the stage). The dQ warp
+// (V12_BWD_DQ_WARP, default 1): warp 1 of the producer warpgroup waits on a named barrier until a consumer has
+// staged its dQ tile, issues the reduce-add, and releases the staging tile once the copy has read it; a consumer
+// no longer waits for its last tile to leave before staging the next.
 //
 // Run:  flashcore test v12 && flashcore bench v12 --pass bwd --shape 2,16,4096,128
 //
@@ -40,17 +44,28 @@
 //   causal 0.88x, D=64 causal 0.95x, 1,16,16384,64 0.93x, 1,16,16384,128 causal 0.90x.
 // - dQ first (this build), one run beside the first cut: 2,16,4096,64 863 vs 876 us, 2,16,4096,128 causal 848 vs
 //   878, 2,16,4096,128 1510 vs 1489 (within that row's p10-p90 spread of 1477-1538).
-// - this build, one run (docs/results/h200-v12-bwd-final-2026-11-26.json): 0.88x cuDNN at 2,16,4096,128 (1461 vs
-//   1279 us), 0.91x at D=64, 0.93x / 0.96x causal, 0.96x at 1,16,16384,64, 0.93x at 1,16,16384,128 causal;
-//   1.49-1.70x FA2. fwd+bwd at 2,16,4096,128: 0.88x cuDNN (1939 vs 1702 us).
+// - before the dQ warp, one run (docs/results/h200-v12-bwd-final-2026-11-26.json): 0.88x cuDNN at 2,16,4096,128
+//   (1461 vs 1279 us), 0.91x at D=64, 0.93x / 0.96x causal, 0.96x at 1,16,16384,64, 0.93x at 1,16,16384,128
+//   causal; fwd+bwd at 2,16,4096,128: 0.88x cuDNN (1939 vs 1702 us).
+// - the dQ warp (this build), one run per row beside the same sources with V12_BWD_DQ_WARP=0
+//   (docs/results/h200-v12-bwd-dqwarp-2026-11-26.json), us (this build / DQ_WARP=0 / cuDNN: this build vs cuDNN):
+//     2,16,4096,128   1370.9 / 1407.2 / 1256.7: 0.92x     2,16,4096,128 causal   788.0 / 838.5 / 767.7: 0.97x
+//     2,16,4096,64     802.0 /  858.8 /  776.0: 0.97x     2,16,4096,64 causal    491.2 / 520.9 / 500.9: 1.02x
+//     1,16,16384,64   6013.5 / 6422.7 / 6017.0: 1.00x     1,16,16384,128 causal 5312.8 / 5587.0 / 5179.5: 0.97x
+//   1.59-1.82x FA2. fwd+bwd (docs/results/h200-v12-fwdbwd-dqwarp-2026-11-26.json): 2,16,4096,64 causal 664.9 vs
+//   cuDNN 682.0 us (1.03x), 1,16,16384,64 8257.9 vs 8647.9 (1.05x), 2,16,4096,128 1815.3 vs 1696.6 (0.93x).
+//   `flashcore test v12` 216 OK, worst err/tol 0.79; memcheck, synccheck and racecheck clean at 1,4:2,97:61,128 and
+//   1,4:2,200:97,64 causal, racecheck at 2,6:2,131:200,128 causal; 2000 random launches with gradients: 1998 OK,
+//   2 with one element each over the tolerance (worst 1.15x: dq at 2,5,81,128, dk at 3,1,54,64 causal).
 // Tried, not kept (one run each beside the first cut, docs/results/h200-v12-bwd-candidates-2026-11-26.json):
 // - dQ_i added from registers by red.global.add.v2.f32 instead of staging + TMA reduce-add: 15% slower at D=128
 //   (1708 vs 1485 us), 10% at D=64.
 // - V12_BWD_OVERLAP=1 (at D=128, P^T computed while dP^T's wgmma runs and dS^T while dV's does): within 2% of
 //   waiting for both, either way in different runs; the default is 0 (at D=64 it spilled 48 bytes).
-// Not reached: >= 1.0x cuDNN. ncu (2,16,4096,128, first cut): issue slots 21% busy, 10.3 warp cycles per issued
-// instruction (3.1 long scoreboard, 1.9 wait, 1.0 barrier), 8.9 of 12 warps active (9 of a CTA's 12 live: three
-// of the producer warpgroup's warps exit at once).
+// Not reached: >= 1.0x cuDNN at four of the six rows (D = 128 non-causal the furthest). ncu (2,16,4096,128, first
+// cut): issue slots 21% busy, 10.3 warp cycles per issued instruction (3.1 long scoreboard, 1.9 wait, 1.0
+// barrier), 8.9 of 12 warps active (9 of a CTA's 12 live: three of the producer warpgroup's warps exit at once;
+// with the dQ warp, two).
 #include "bwd_passes.cuh"
 #include "flashcore.h"
 #include "hopper.cuh"
