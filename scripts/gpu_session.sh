@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the lent GPU: install, then the steps named on the command line.
-#   bash scripts/gpu_session.sh smoke|ladder|shapes|check|stress|sanitizers|instruments|grads|bwdbench|v12bwd|v12dqwarp|gputests|loop ...
+#   bash scripts/gpu_session.sh smoke|ladder|shapes|check|stress|sanitizers|instruments|grads|bwdbench|v12bwd|gputests|loop ...
 # VARIANTS="v9 v11" picks the variants of check, stress and sanitizers (default: v9 v10 v11).
 # Each step's output is printed and logged; logs and JSON records come back packed in $OUT/logs.tgz
 # (the device returns only a few files). REGISTRY=path picks another registry.
@@ -112,31 +112,18 @@ v12_registry() {  # v12_registry FILE NAME DEFINES SUMMARY: variants.yaml (paths
 }
 
 v12bwd() {  # v12's backward: its test cases (gradients checked), then the backward alone and fwd+bwd at issue 30's
-  # rows beside v11's, SDPA's backends and v12first (the first cut's switches: V12_BWD_OVERLAP=1, V12_BWD_DQ_FIRST=0,
-  # an entry written for the run into out/, next to variants.yaml's copy), one bench run per row
+  # rows beside v11's, SDPA's backends and v12first (the first cut's switches: V12_BWD_OVERLAP=1,
+  # V12_BWD_DQ_FIRST=0, V12_BWD_DQ_WARP=0, an entry written for the run into out/, next to variants.yaml's copy),
+  # one bench run per row
   step test-v12 flashcore test v12 --json "$LOGS/test-v12.json"
   local reg=out/v12-first.yaml
-  v12_registry "$reg" v12first "V12_BWD_OVERLAP: 1, V12_BWD_DQ_FIRST: 0" "v12, its backward with the first cut's switches"
+  v12_registry "$reg" v12first "V12_BWD_OVERLAP: 1, V12_BWD_DQ_FIRST: 0, V12_BWD_DQ_WARP: 0" "v12, its backward with the first cut's switches"
   for spec in "2,16,4096,64" "2,16,4096,64 --causal" "2,16,4096,128" "2,16,4096,128 --causal" "1,16,16384,64" \
               "1,16,16384,128 --causal"; do
     for pass in bwd fwd+bwd; do
       step "bench-$pass-${spec// /}" flashcore --registry "$reg" bench v12 v12first v11 --pass "$pass" --shape $spec \
         --reps 100 --json "$LOGS/bench-$pass-${spec// /}.json"
     done
-  done
-}
-
-v12dqwarp() {  # the V12_BWD_DQ_WARP candidate (a producer warp issues the dQ reduce-adds): its test cases, racecheck
-  # at a shape that reuses stages, and the backward alone beside v12 at three of issue 30's rows
-  local reg=out/v12-dqwarp.yaml
-  v12_registry "$reg" v12dqwarp "V12_BWD_DQ_WARP: 1" "v12, its dQ reduce-adds issued by a producer warp"
-  step test-v12dqwarp flashcore --registry "$reg" test v12dqwarp --json "$LOGS/test-v12dqwarp.json"
-  for tool in racecheck memcheck synccheck; do
-    step "sanitize-v12dqwarp-$tool" flashcore --registry "$reg" sanitize v12dqwarp --tool "$tool" --shape 1,4:2,97:61,128 --causal
-  done
-  for spec in "2,16,4096,128" "2,16,4096,64" "2,16,4096,128 --causal"; do
-    step "bench-bwd-dqwarp-${spec// /}" flashcore --registry "$reg" bench v12 v12dqwarp --pass bwd --shape $spec \
-      --reps 100 --json "$LOGS/bench-bwd-dqwarp-${spec// /}.json"
   done
 }
 
