@@ -61,7 +61,9 @@
 // - dQ_i added from registers by red.global.add.v2.f32 instead of staging + TMA reduce-add: 15% slower at D=128
 //   (1708 vs 1485 us), 10% at D=64.
 // - V12_BWD_OVERLAP=1 (at D=128, P^T computed while dP^T's wgmma runs and dS^T while dV's does): within 2% of
-//   waiting for both, either way in different runs; the default is 0 (at D=64 it spilled 48 bytes).
+//   waiting for both, either way in different runs; the default is 0 (at D=64 it spilled 48 bytes). Beside the
+//   dQ warp (docs/results/h200-v12-bwd-switches-dqwarp-2026-11-26.json): 1361 vs 1377 us at 2,16,4096,128, within
+//   the spread. V12_BWD_DQ_FIRST=0 there: flat at D=128, 786 vs 801 us at 2,16,4096,64 (one run; defaults kept).
 // Not reached: >= 1.0x cuDNN at four of the six rows (D = 128 non-causal the furthest). ncu (2,16,4096,128, first
 // cut): issue slots 21% busy, 10.3 warp cycles per issued instruction (3.1 long scoreboard, 1.9 wait, 1.0
 // barrier), 8.9 of 12 warps active (9 of a CTA's 12 live: three of the producer warpgroup's warps exit at once;
