@@ -69,6 +69,19 @@ __device__ __forceinline__ void bwd_producer(const FlashcoreBackwardParams& b, c
   }
 }
 
+// Consumer g's staged dQ tile (two panels of [64 rows][32 fp32], 128-byte swizzled) reduce-added by TMA into the
+// fp32 accumulator at query rows m0.. of head bh, as one bulk group; one thread calls it.
+template <class Cfg>
+__device__ __forceinline__ void reduce_add_dq_tile(const BwdMaps& maps, unsigned char* smem, int g, int m0, int bh) {
+  const int row_half = Cfg::kDqByRows ? g : 0, col_half = Cfg::kDqByRows ? 0 : g;
+  unsigned char* stage = smem + Cfg::kDqOffset + g * Cfg::kDqBytes;
+#pragma unroll
+  for (int panel = 0; panel < 2; ++panel) {
+    fc::tma_reduce_add_3d(&maps.dq, 64 * col_half + 32 * panel, m0 + 64 * row_half, bh, stage + panel * 64 * 128);
+  }
+  fc::tma_store_commit();
+}
+
 // V12_BWD_DQ_WARP: warp 1 of the producer warpgroup. For every step and consumer: wait until the consumer has
 // staged its dQ tile, let lane 0 reduce-add it by TMA, and once the copy has read the staging tile (not before
 // the next step's, so every tile but the last) tell the consumer it may write the next one.
@@ -82,15 +95,7 @@ __device__ __forceinline__ void bwd_dq_writer(const FlashcoreBackwardParams& b, 
 #pragma unroll
     for (int g = 0; g < Cfg::kConsumers; ++g) {
       fc::named_barrier_sync(kDqFull + g, fc::kWarpgroupThreads + 32);
-      if (leader) {
-        const int row_half = Cfg::kDqByRows ? g : 0, col_half = Cfg::kDqByRows ? 0 : g;
-        unsigned char* stage = smem + Cfg::kDqOffset + g * Cfg::kDqBytes;
-#pragma unroll
-        for (int panel = 0; panel < 2; ++panel) {
-          fc::tma_reduce_add_3d(&maps.dq, 64 * col_half + 32 * panel, m0 + 64 * row_half, bh, stage + panel * 64 * 128);
-        }
-        fc::tma_store_commit();
-      }
+      if (leader) reduce_add_dq_tile<Cfg>(maps, smem, g, m0, bh);
     }
     if (step + 1 < steps.count) {
       if (leader) fc::tma_store_wait_read<0>();
@@ -282,14 +287,7 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
     } else {
       fc::named_barrier_sync(kDqBarrier + g, fc::kWarpgroupThreads);
     }
-    if (!kDqWarp && tid == 0) {
-#pragma unroll
-      for (int panel = 0; panel < 2; ++panel) {
-        fc::tma_reduce_add_3d(&maps.dq, 64 * dq_col_half + 32 * panel, m0 + 64 * dq_row_half, bh,
-                              dq_stage + panel * 64 * 128);
-      }
-      fc::tma_store_commit();
-    }
+    if (!kDqWarp && tid == 0) reduce_add_dq_tile<Cfg>(maps, smem, g, m0, bh);
     if constexpr (kDqFirst) {
       fc::wgmma_wait<0>();  // dK (it reads Q_i) before the stage is released
       fc::wgmma_fence_operands(dk);
