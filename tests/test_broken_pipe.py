@@ -13,12 +13,12 @@ from conftest import REPO
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGPIPE"), reason="POSIX pipes")
 
 
-def into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess:
+def into_a_closed_pipe(*args: str, **env_vars: str) -> subprocess.CompletedProcess:
     """`flashcore ARGS` with its stdout a pipe whose reader has already gone: every write breaks it."""
     read, write = os.pipe()
     os.close(read)
     try:
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "PYTHONPATH": str(REPO), **env_vars}
         return subprocess.run([sys.executable, "-m", "flashcore_cli", *args], cwd=REPO, env=env, stdout=write,
                               stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
     finally:
