@@ -38,7 +38,6 @@ import shlex
 import shutil
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +45,7 @@ from pathlib import Path
 from flashcore_cli.builder.cache import HOST_CFLAGS, binding_key, build_key
 from flashcore_cli.core.records import cache_root
 from flashcore_cli.core.errors import FlashcoreError
-from flashcore_cli.builder.objects import ObjectBuild, compile_objects
+from flashcore_cli.builder.objects import ObjectBuild, start_objects
 from flashcore_cli.builder.ptxas import KernelResources, first_errors, parse_ptxas
 from flashcore_cli.registry.variants import Variant
 from flashcore_cli.builder.toolchain import BASE_NVCC_FLAGS, TORCH_BUILD_NVCC_FLAGS, define_flags, gencode
@@ -222,22 +221,23 @@ def build_variant(
 
         return _load_cached(variant, arch, key, directory, name, marker)
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        # nvcc needs no torch: the kernel objects compile while this process imports torch and finds the binding
-        flags = kernel_nvcc_flags(variant, extra_defines or {})
-        objects = pool.submit(compile_objects, variant, [gencode(arch)], flags, force=force)
-        import torch  # noqa: F401
+    # nvcc needs no torch: every kernel object's nvcc is running before this process imports torch (H200 box: an
+    # import begun first held nvcc back ~0.4 s) and finds the binding
+    objects = start_objects(variant, [gencode(arch)], kernel_nvcc_flags(variant, extra_defines or {}), force=force)
+    import torch  # noqa: F401
+    import torch.utils.cpp_extension  # noqa: F401  (the link's; it imports setuptools: ~0.15 s not after nvcc)
 
-        binding = ensure_binding(variant, verbose=verbose)  # outside the variant's lock: its own lock, its own wait
-        with _locked(directory.parent / f"{directory.name}.lock"):
-            if not force and marker.is_file():  # another process built it while we waited
-                result = _load_cached(variant, arch, key, directory, name, marker)
-                result.binding = binding.as_dict()  # this process may have built the binding meanwhile
-                return result
-            if directory.exists():
-                shutil.rmtree(directory)
-            directory.mkdir(parents=True)
-            return _compile(variant, arch, key, directory, name, marker, verbose, objects.result(), binding, start)
+    binding = ensure_binding(variant, verbose=verbose)  # outside the variant's lock: its own lock, its own wait
+    with _locked(directory.parent / f"{directory.name}.lock"):
+        if not force and marker.is_file():  # another process built it while we waited
+            objects.result()  # (its own compilers finish: no temporary object left behind)
+            result = _load_cached(variant, arch, key, directory, name, marker)
+            result.binding = binding.as_dict()  # this process may have built the binding meanwhile
+            return result
+        if directory.exists():
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+        return _compile(variant, arch, key, directory, name, marker, verbose, objects.result(), binding, start)
 
 
 def kernel_nvcc_flags(variant: Variant, extra_defines: dict[str, str]) -> list[str]:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from flashcore_cli.builder.cache import object_key
 from flashcore_cli.builder.toolchain import find_nvcc
+from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.core.records import cache_root
 from flashcore_cli.registry.variants import Variant
 
@@ -51,9 +52,11 @@ def objects_dir(variant: Variant) -> Path:
     return cache_root() / "objects" / safe
 
 
-def compile_objects(variant: Variant, arch_flags: list[str], cuda_flags: list[str], *, force: bool = False) -> list[ObjectBuild]:
-    """Every source of the variant as an object (cached ones at once, the others compiled in parallel).
-    arch_flags name the target (-gencode ...), cuda_flags the rest; both are part of each object's key."""
+def start_objects(variant: Variant, arch_flags: list[str], cuda_flags: list[str], *, force: bool = False) -> "PendingObjects":
+    """Every source of the variant as an object: the cached ones at once, nvcc started for the others (all of
+    them before this returns, so a caller that imports torch next does not hold them back: an import holds the
+    GIL through each library it loads). arch_flags name the target (-gencode ...), cuda_flags the rest; both
+    are part of each object's key. PendingObjects.result() waits for them."""
     nvcc = find_nvcc()
     flags = [*cuda_flags, *arch_flags, *OBJECT_FLAGS]
     directory = objects_dir(variant)
@@ -61,27 +64,62 @@ def compile_objects(variant: Variant, arch_flags: list[str], cuda_flags: list[st
     jobs = []
     for source in variant.sources:  # the include folder is not in the key: the closure's contents are
         key = object_key(variant, source, flags)
-        jobs.append((source, directory / f"{source.stem}-{key}.o"))
+        jobs.append(_Job(source, directory / f"{source.stem}-{key}.o"))
     flags = [*flags, f"-I{variant.kernels_dir}"]
-    with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
-        return list(pool.map(lambda job: _object(nvcc, flags, *job, force=force), jobs))
+    for job in jobs:
+        job.start(nvcc, flags, force=force)
+    return PendingObjects(jobs)
 
 
-def _object(nvcc: str, flags: list[str], source: Path, obj: Path, *, force: bool) -> ObjectBuild:
-    log_path = obj.with_suffix(".log")
-    if not force and obj.is_file() and log_path.is_file():
-        return ObjectBuild(source, obj, log_path.read_text(errors="replace"), True, 0.0)
-    tmp = obj.with_name(f".{obj.stem}.{os.getpid()}.{id(obj)}.tmp.o")
-    cmd = [nvcc, *flags, "-c", str(source), "-o", str(tmp)]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seconds = time.perf_counter() - start
-    log = f"$ {' '.join(cmd)}\n{proc.stdout}"
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        return ObjectBuild(source, obj, log, False, seconds, proc.returncode)
-    tmp_log = tmp.with_suffix(".log")
-    tmp_log.write_text(log)
-    tmp_log.replace(log_path)  # the log first: an object is used only with its log beside it
-    tmp.replace(obj)
-    return ObjectBuild(source, obj, log, False, seconds)
+class PendingObjects:
+    def __init__(self, jobs: list["_Job"]):
+        self._jobs = jobs
+
+    def result(self) -> list[ObjectBuild]:
+        """The objects in the variant's source order, once every nvcc has exited (a thread per run waits for
+        it, so each one's time is its own)."""
+        for job in self._jobs:
+            job.join()
+        return [job.build for job in self._jobs]
+
+
+class _Job:
+    def __init__(self, source: Path, obj: Path):
+        self.source, self.object = source, obj
+        self.build: ObjectBuild | None = None
+        self._waiter: threading.Thread | None = None
+
+    def start(self, nvcc: str, flags: list[str], *, force: bool) -> None:
+        log_path = self.object.with_suffix(".log")
+        if not force and self.object.is_file() and log_path.is_file():
+            self.build = ObjectBuild(self.source, self.object, log_path.read_text(errors="replace"), True, 0.0)
+            return
+        tmp = self.object.with_name(f".{self.object.stem}.{os.getpid()}.{id(self)}.tmp.o")
+        cmd = [nvcc, *flags, "-c", str(self.source), "-o", str(tmp)]
+        # nvcc's output into a file, not a pipe: several run at once, and a long error must not block one
+        out = tmp.with_suffix(".log")
+        start = time.perf_counter()
+        with open(out, "wb") as sink:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
+        self._waiter = threading.Thread(target=self._finish, args=(proc, cmd, tmp, out, log_path, start), daemon=True)
+        self._waiter.start()
+
+    def _finish(self, proc: subprocess.Popen, cmd: list[str], tmp: Path, out: Path, log_path: Path, start: float) -> None:
+        returncode = proc.wait()
+        seconds = time.perf_counter() - start
+        log = f"$ {' '.join(cmd)}\n{out.read_text(errors='replace')}"
+        if returncode != 0:
+            out.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
+            self.build = ObjectBuild(self.source, self.object, log, False, seconds, returncode)
+            return
+        out.write_text(log)
+        out.replace(log_path)  # the log first: an object is used only with its log beside it
+        tmp.replace(self.object)
+        self.build = ObjectBuild(self.source, self.object, log, False, seconds)
+
+    def join(self) -> None:
+        if self._waiter is not None:
+            self._waiter.join()
+        if self.build is None:  # the waiting thread died (an OSError renaming into the cache): say so
+            raise FlashcoreError(f"nvcc's run on {self.source.name} left no result (see {self.object.parent})")
