@@ -236,7 +236,8 @@ def load_registry(path: str | os.PathLike | None = None) -> Registry:
     if not path.is_file():
         raise FlashcoreError(f"{path}: registry file not found")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        # libyaml's loader where PyYAML has it (~10x faster than the pure-Python one: every command reads this)
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except UnicodeDecodeError as exc:
         raise FlashcoreError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); save the registry as UTF-8") from None
     except OSError as exc:
