@@ -224,20 +224,23 @@ def build_variant(
     # nvcc needs no torch: every kernel object's nvcc is running before this process imports torch (H200 box: an
     # import begun first held nvcc back ~0.4 s) and finds the binding
     objects = start_objects(variant, [gencode(arch)], kernel_nvcc_flags(variant, extra_defines or {}), force=force)
-    import torch  # noqa: F401
-    import torch.utils.cpp_extension  # noqa: F401  (the link's; it imports setuptools: ~0.15 s not after nvcc)
+    try:
+        import torch  # noqa: F401
+        import torch.utils.cpp_extension  # noqa: F401  (the link's; it imports setuptools: ~0.15 s not after nvcc)
 
-    binding = ensure_binding(variant, verbose=verbose)  # outside the variant's lock: its own lock, its own wait
-    with _locked(directory.parent / f"{directory.name}.lock"):
-        if not force and marker.is_file():  # another process built it while we waited
-            objects.result()  # (its own compilers finish: no temporary object left behind)
-            result = _load_cached(variant, arch, key, directory, name, marker)
-            result.binding = binding.as_dict()  # this process may have built the binding meanwhile
-            return result
-        if directory.exists():
-            shutil.rmtree(directory)
-        directory.mkdir(parents=True)
-        return _compile(variant, arch, key, directory, name, marker, verbose, objects.result(), binding, start)
+        binding = ensure_binding(variant, verbose=verbose)  # outside the variant's lock: its own lock, its own wait
+        with _locked(directory.parent / f"{directory.name}.lock"):
+            if not force and marker.is_file():  # another process built it while we waited
+                objects.result()
+                result = _load_cached(variant, arch, key, directory, name, marker)
+                result.binding = binding.as_dict()  # this process may have built the binding meanwhile
+                return result
+            if directory.exists():
+                shutil.rmtree(directory)
+            directory.mkdir(parents=True)
+            return _compile(variant, arch, key, directory, name, marker, verbose, objects.result(), binding, start)
+    finally:  # whatever happened, this process's compilers finish first: no temporary object left behind
+        objects.wait()
 
 
 def kernel_nvcc_flags(variant: Variant, extra_defines: dict[str, str]) -> list[str]:

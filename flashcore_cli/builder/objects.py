@@ -75,11 +75,18 @@ class PendingObjects:
     def __init__(self, jobs: list["_Job"]):
         self._jobs = jobs
 
+    def wait(self) -> None:
+        """Until every nvcc has exited and its files are in place (or removed)."""
+        for job in self._jobs:
+            job.join()
+
     def result(self) -> list[ObjectBuild]:
         """The objects in the variant's source order, once every nvcc has exited (a thread per run waits for
         it, so each one's time is its own)."""
-        for job in self._jobs:
-            job.join()
+        self.wait()
+        missing = [job.source.name for job in self._jobs if job.build is None]
+        if missing:  # its waiting thread died (an OSError moving files into the cache)
+            raise FlashcoreError(f"nvcc's run on {missing[0]} left no result (see {self._jobs[0].object.parent})")
         return [job.build for job in self._jobs]
 
 
@@ -121,5 +128,3 @@ class _Job:
     def join(self) -> None:
         if self._waiter is not None:
             self._waiter.join()
-        if self.build is None:  # the waiting thread died (an OSError renaming into the cache): say so
-            raise FlashcoreError(f"nvcc's run on {self.source.name} left no result (see {self.object.parent})")
