@@ -177,34 +177,46 @@ class _Screen(io.StringIO):
         return self._real.fileno()
 
 
-def _deferred_markdown():
-    """A stand-in for the module rich.markdown while a screen renders. typer's rich_utils imports its Markdown
-    class at the top, and that import (markdown-it, pygments) is the largest single cost of a screen (50-110 ms
-    of ~0.25-0.3 s on the lent machines), yet a Markdown is made only under rich_markup_mode="markdown", which
-    flashcore does not use. The stand-in's Markdown makes the real one, and any other name imports the real
+def _deferred(module: str, name: str):
+    """A stand-in for the module `module` (rich.markdown, rich.traceback) while a screen renders. typer's
+    rich_utils imports rich.markdown's Markdown and rich.traceback's Traceback at the top; those imports
+    (markdown-it, pygments) cost a screen more than anything else (markdown 50-110 ms of ~0.25-0.3 s on the lent
+    machines; with traceback too, a render here went from a median 0.25 s to 0.20), yet a Markdown is made only under rich_markup_mode="markdown", which flashcore does not use, and
+    a Traceback only for an exception typer prints, which handle_errors never lets through. The stand-in's class
+    (and its class attributes: Traceback.from_exception) are the real one's, and any other name imports the real
     module; either way the real module then replaces the stand-in."""
     import importlib
     import types
 
-    stand_in = types.ModuleType("rich.markdown")
+    stand_in = types.ModuleType(module)
 
     def real_module():
-        if sys.modules.get("rich.markdown") is stand_in:
-            del sys.modules["rich.markdown"]
-        return importlib.import_module("rich.markdown")
+        if sys.modules.get(module) is stand_in:
+            del sys.modules[module]
+        return importlib.import_module(module)
 
-    class Markdown:
+    class ForwardsClassAttributes(type):  # Traceback.from_exception(...): the real class's
+        def __getattr__(cls, attr):
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            return getattr(getattr(real_module(), name), attr)
+
+    class Deferred(metaclass=ForwardsClassAttributes):
         def __new__(cls, *args, **kwargs):
-            return real_module().Markdown(*args, **kwargs)
+            return getattr(real_module(), name)(*args, **kwargs)
 
-    def other_name(name):
-        if name.startswith("__"):  # the import system's probes (__path__, ...): a plain module has none
-            raise AttributeError(name)
-        return getattr(real_module(), name)
+    def other_name(attr):
+        if attr.startswith("__"):  # the import system's probes (__path__, ...): a plain module has none
+            raise AttributeError(attr)
+        return getattr(real_module(), attr)
 
-    stand_in.Markdown = Markdown
+    Deferred.__name__ = Deferred.__qualname__ = name
+    setattr(stand_in, name, Deferred)
     stand_in.__getattr__ = other_name
     return stand_in
+
+
+_DEFERRED = (("rich.markdown", "Markdown"), ("rich.traceback", "Traceback"))
 
 
 def _render() -> str:
@@ -214,9 +226,8 @@ def _render() -> str:
 
     real = sys.stdout
     screen = _Screen(real)
-    stand_in = None if "rich.markdown" in sys.modules else _deferred_markdown()
-    if stand_in is not None:
-        sys.modules["rich.markdown"] = stand_in
+    stand_ins = {module: _deferred(module, name) for module, name in _DEFERRED if module not in sys.modules}
+    sys.modules.update(stand_ins)
     sys.stdout = screen
     code = 0
     try:
@@ -225,8 +236,9 @@ def _render() -> str:
         code = exc.code
     finally:
         sys.stdout = real
-        if stand_in is not None and sys.modules.get("rich.markdown") is stand_in:
-            del sys.modules["rich.markdown"]
+        for module, stand_in in stand_ins.items():
+            if sys.modules.get(module) is stand_in:
+                del sys.modules[module]
     text = screen.getvalue()
     if code not in (0, None):
         real.write(text)

@@ -146,17 +146,23 @@ def test_a_replay_into_a_closed_pipe_ends_with_sigpipe(tmp_path):
     assert proc.returncode == -signal.SIGPIPE and proc.stderr == ""
 
 
-def test_a_render_defers_rich_markdown_and_leaves_the_real_module(tmp_path):
-    """While a screen renders, rich.markdown is a stand-in (typer imports its Markdown and never makes one under
-    flashcore's markup mode); afterwards nothing of it is left: an import gives the real module, and the class
-    typer holds makes real Markdown objects."""
+def test_a_render_defers_rich_markdown_and_traceback_and_leaves_the_real_modules(tmp_path):
+    """While a screen renders, rich.markdown and rich.traceback are stand-ins (typer imports their Markdown and
+    Traceback and never makes one for a help screen under flashcore's markup mode); afterwards nothing of them
+    is left: an import gives the real module, and the classes typer holds make real objects."""
     program = ("import sys; sys.argv = ['flashcore', '--help']\n"
                "from flashcore_cli import entry\n"
                "text = entry._render()\n"
-               "print('markdown_it' in sys.modules, 'rich.markdown' in sys.modules, 'Commands' in text)\n"
-               "import rich.markdown, typer.rich_utils\n"
-               "print(hasattr(rich.markdown, 'MarkdownContext'), type(typer.rich_utils.Markdown('*x*')) is rich.markdown.Markdown)\n")  # fmt: skip
+               "print('markdown_it' in sys.modules, 'pygments' in sys.modules, 'rich.markdown' in sys.modules,\n"
+               "      'rich.traceback' in sys.modules, 'Commands' in text)\n"
+               "import rich.markdown, rich.traceback, typer.rich_utils as u\n"
+               "print(hasattr(rich.markdown, 'MarkdownContext'), type(u.Markdown('*x*')) is rich.markdown.Markdown)\n"
+               "try:\n"
+               "    raise ValueError('x')\n"
+               "except ValueError as exc:\n"
+               "    tb = u.Traceback.from_exception(type(exc), exc, exc.__traceback__)\n"
+               "print(hasattr(rich.traceback, 'install'), type(tb) is rich.traceback.Traceback)\n")  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "FLASHCORE_CACHE": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-c", program], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["False", "False", "True", "True", "True"]
+    assert proc.stdout.split() == ["False"] * 4 + ["True"] * 5
