@@ -107,8 +107,8 @@ def test_the_arch_and_defines_change_the_build_key_not_the_binding_key(project):
 def test_the_entry_point_is_generated_deterministically():
     text = jit.module_stub_source("flashcore_v8_0123456789abcdef")
     assert text == jit.module_stub_source("flashcore_v8_0123456789abcdef")
-    assert 'PyMODINIT_FUNC PyInit_flashcore_v8_0123456789abcdef() { return flashcore_binding_init("flashcore_v8_0123456789abcdef"); }' in text
-    assert "#include <Python.h>" in text and "torch" not in text.split("*/")[-1].split("#include <Python.h>")[1]
+    assert 'PyObject* PyInit_flashcore_v8_0123456789abcdef() { return flashcore_binding_init("flashcore_v8_0123456789abcdef"); }' in text
+    assert "#include" not in text  # neither torch nor Python.h: its compile is on every build's path
     assert jit.module_stub_source("flashcore_v9_x") != text
     for bad in ("has space", 'quote"', "9starts_with_digit", ""):
         with pytest.raises(ValueError):

@@ -32,7 +32,7 @@ from flashcore_cli.builder.toolchain import (
 
 # Bump when the way a build is made changes without any input above changing (the binding object, the
 # generated module entry point): every key changes with it.
-BUILD_FORMAT = 3
+BUILD_FORMAT = 4
 # The same for one kernel object (objects.py: how nvcc is invoked for it).
 OBJECT_FORMAT = 1
 # extra_cflags of every host (.cpp) compile of a torch build: the binding and the generated entry points.
