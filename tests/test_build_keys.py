@@ -82,9 +82,10 @@ def test_flashcore_h_is_in_both_keys(project):
 
 def test_torch_cuda_and_the_host_compiler_change_the_binding_key(project, monkeypatch):
     b = binding_key(project / "kernels")
-    monkeypatch.setattr(cache, "torch_metadata", lambda: {"torch": "2.11.0+cu130", "cuda": "13.0"})
+    # versions no real install has (the lent GPU machines run 2.11.0+cu130 itself, which made b_torch == b there)
+    monkeypatch.setattr(cache, "torch_metadata", lambda: {"torch": "0.0.1+cu991", "cuda": "99.1"})
     b_torch = binding_key(project / "kernels")
-    monkeypatch.setattr(cache, "torch_metadata", lambda: {"torch": "2.11.0+cu130", "cuda": "12.8"})
+    monkeypatch.setattr(cache, "torch_metadata", lambda: {"torch": "0.0.1+cu991", "cuda": "99.2"})
     b_cuda = binding_key(project / "kernels")
     monkeypatch.setattr(cache, "host_compiler", lambda: "/usr/bin/c++: another version")
     b_cxx = binding_key(project / "kernels")
