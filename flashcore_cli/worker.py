@@ -278,8 +278,8 @@ def main(argv: list[str]) -> int:
 
 def _leave_now(events: Events) -> None:
     """End a build worker without the interpreter's teardown of torch (0.5-0.65 s on the H200 box, which its
-    caller waited for). Its answers are in the events file, closed here; a build made no CUDA context and runs
-    under no sanitizer or profiler (whose reports are written at a normal exit), so nothing else is lost."""
+    caller waited for). Its answers are in the events file, closed here; a build launches no kernel and never
+    runs under a sanitizer or profiler (whose reports are written at a normal exit), so nothing else is lost."""
     events.handle.close()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -58,3 +58,12 @@ def test_start_returns_while_nvcc_runs_and_an_unchanged_source_is_cached(project
     assert started_in < first.seconds  # start_objects did not wait for the compile
     _, _, (again,) = objects(project, "solo")
     assert again.ok and again.cached and again.object == first.object and again.log == first.log
+
+
+def test_an_nvcc_that_cannot_start_is_a_failed_object_not_an_exception(project, monkeypatch):
+    import flashcore_cli.builder.objects as objects_module
+
+    monkeypatch.setattr(objects_module, "find_nvcc", lambda: str(project / "no-such-nvcc"))
+    variant, _, (failed,) = objects(project, "solo")
+    assert not failed.ok and failed.returncode == 127 and "no-such-nvcc" in failed.log
+    assert [p.name for p in objects_dir(variant).iterdir()] == []  # no output file left

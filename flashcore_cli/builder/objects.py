@@ -106,8 +106,13 @@ class _Job:
         # nvcc's output into a file, not a pipe: several run at once, and a long error must not block one
         out = tmp.with_suffix(".log")
         start = time.perf_counter()
-        with open(out, "wb") as sink:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            with open(out, "wb") as sink:
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
+        except OSError as exc:  # nvcc could not be started: a failed object, as a failed compile is
+            out.unlink(missing_ok=True)
+            self.build = ObjectBuild(self.source, self.object, f"$ {' '.join(cmd)}\n{exc}\n", False, 0.0, 127)
+            return
         self._waiter = threading.Thread(target=self._finish, args=(proc, cmd, tmp, out, log_path, start), daemon=True)
         self._waiter.start()
 
