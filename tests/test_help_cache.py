@@ -166,3 +166,23 @@ def test_a_render_defers_rich_markdown_and_traceback_and_leaves_the_real_modules
     proc = subprocess.run([sys.executable, "-c", program], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False"] * 4 + ["True"] * 5
+
+
+@pytest.mark.parametrize("request_args", [["--help"], ["bench", "--help"], ["report", "merge", "--help"]])
+def test_the_stand_ins_leave_every_byte_of_a_screen_as_it_was(tmp_path, request_args):
+    """A screen rendered with rich.markdown and rich.traceback deferred is the one typer renders with the real
+    modules, byte for byte, in colour too."""
+    program = ("import os, sys; from flashcore_cli import entry\n"
+               "sys.argv = ['flashcore'] + sys.argv[2:]\n"
+               "if os.environ['STAND_INS'] == '0': entry._DEFERRED = ()  # the real modules\n"
+               "sys.stdout.write(entry._render())\n")  # fmt: skip
+    screens = []
+    for stand_ins in ("1", "0"):
+        env = {**os.environ, "PYTHONPATH": str(REPO), "FLASHCORE_CACHE": str(tmp_path), "COLUMNS": "100",
+               "FORCE_COLOR": "1", "STAND_INS": stand_ins}  # fmt: skip
+        proc = subprocess.run([sys.executable, "-c", program, "-", *request_args], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        screens.append(proc.stdout)
+    assert "Usage" in screens[0] and "\x1b[" in screens[0]
+    assert screens[0] == screens[1]
