@@ -181,10 +181,12 @@ def _deferred(module: str, name: str):
     """A stand-in for the module `module` (rich.markdown, rich.traceback) while a screen renders. typer's
     rich_utils imports rich.markdown's Markdown and rich.traceback's Traceback at the top; those imports
     (markdown-it, pygments) cost a screen more than anything else (markdown 50-110 ms of ~0.25-0.3 s on the lent
-    machines; with traceback too, a render here went from a median 0.25 s to 0.20), yet a Markdown is made only under rich_markup_mode="markdown", which flashcore does not use, and
-    a Traceback only for an exception typer prints, which handle_errors never lets through. The stand-in's class
-    (and its class attributes: Traceback.from_exception) are the real one's, and any other name imports the real
-    module; either way the real module then replaces the stand-in."""
+    machines; with traceback deferred too, a render here went from a median 0.25 s to 0.20), yet a Markdown is
+    made only under rich_markup_mode="markdown", which flashcore does not use, and a Traceback only for an
+    exception typer prints, which handle_errors never lets through. The stand-in's class (and its class
+    attributes: Traceback.from_exception) are the real one's, and any other name imports the real module; either
+    way the real module then replaces the stand-in. A screen is the same, byte for byte, either way
+    (tests/test_help_cache.py)."""
     import importlib
     import types
 
