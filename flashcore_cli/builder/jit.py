@@ -234,7 +234,6 @@ def build_variant(
         binding = ensure_binding(variant, verbose=verbose)  # outside the variant's lock: its own lock, its own wait
         with _locked(directory.parent / f"{directory.name}.lock"):
             if not force and marker.is_file():  # another process built it while we waited
-                objects.result()
                 result = _load_cached(variant, arch, key, directory, name, marker)
                 result.binding = binding.as_dict()  # this process may have built the binding meanwhile
                 return result
