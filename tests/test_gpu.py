@@ -94,7 +94,7 @@ def test_bad_input_raises_clear_errors():
     cases = [
         ((q.cpu(), q.cpu(), q.cpu()), "CUDA tensors"),
         ((q.float(), q.float(), q.float()), "float16"),
-        ((q, q[:, :, :17], q), "shape"),
+        ((q, q[:, :, :17].contiguous(), q), "shape"),  # k and v of different shapes (a slice alone: "contiguous")
         ((q.transpose(2, 3).contiguous().transpose(2, 3), q, q), "contiguous"),
         ((q[..., :32].contiguous(),) * 3, "head dim 32"),
         ((q[0],) * 3, "4-D"),
