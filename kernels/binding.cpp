@@ -15,11 +15,23 @@
 namespace {
 
 bool takes(FlashcoreDtype dtype) { return (flashcore_dtypes() >> dtype) & 1; }
+
+// Numbers, shapes and devices in the messages below are made into text by std::to_string, not by the stream's
+// number formatting. On the lent H100 (2026-11-26) every failed check whose message streamed an integer or a
+// shape (k and v of different shapes, a 3-D q, a head-count mismatch) ended the process with SIGSEGV, where
+// those whose message held only words or a dtype raised their ValueError (tests/test_gpu.py,
+// test_bad_input_raises_clear_errors).
+std::string num(int64_t x) { return std::to_string(x); }
+std::string shape(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
 bool has(FlashcoreFeature feature) { return (flashcore_features() & feature) != 0; }
 
 // What every tensor must be: CUDA, an element type the rung takes (q's), 4-D, contiguous, 16-byte aligned.
 void check_tensor(const torch::Tensor& t, const char* name, const torch::Tensor& q) {
-  TORCH_CHECK_VALUE(t.is_cuda(), name, " must be a CUDA tensor, got a tensor on ", t.device());
+  TORCH_CHECK_VALUE(t.is_cuda(), name, " must be a CUDA tensor, got a tensor on ", t.device().str());
   if (takes(kFlashcoreBFloat16)) {
     TORCH_CHECK_VALUE(t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16, name,
                       " must be float16 or bfloat16, got ", t.scalar_type());
@@ -28,11 +40,11 @@ void check_tensor(const torch::Tensor& t, const char* name, const torch::Tensor&
   } else {
     TORCH_CHECK_VALUE(t.scalar_type() == torch::kHalf, name, " must be float16, got ", t.scalar_type());
   }
-  TORCH_CHECK_VALUE(t.dim() == 4, name, " must be 4-D [B, H, S, D], got shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.dim() == 4, name, " must be 4-D [B, H, S, D], got shape ", shape(t));
   TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
   TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
                     " must start on a 16-byte boundary (kernels use 16-byte vector loads and cp.async)");
-  TORCH_CHECK_VALUE(t.device() == q.device(), name, " is on ", t.device(), " but q is on ", q.device());
+  TORCH_CHECK_VALUE(t.device() == q.device(), name, " is on ", t.device().str(), " but q is on ", q.device().str());
   TORCH_CHECK_VALUE(t.numel() < (int64_t(1) << 31), name, " has more than 2^31 elements");
 }
 
@@ -42,28 +54,28 @@ void check_problem(const torch::Tensor& q, const torch::Tensor& k, const torch::
   check_tensor(q, "q", q);
   check_tensor(k, "k", q);
   check_tensor(v, "v", q);
-  TORCH_CHECK_VALUE(v.sizes() == k.sizes(), "v has shape ", v.sizes(), " but k has ", k.sizes());
-  TORCH_CHECK_VALUE(k.size(0) == q.size(0) && k.size(3) == q.size(3), "k has shape ", k.sizes(), " but q has ",
-                    q.sizes(), " (batch and head dim must match)");
+  TORCH_CHECK_VALUE(v.sizes() == k.sizes(), "v has shape ", shape(v), " but k has ", shape(k));
+  TORCH_CHECK_VALUE(k.size(0) == q.size(0) && k.size(3) == q.size(3), "k has shape ", shape(k), " but q has ",
+                    shape(q), " (batch and head dim must match)");
   const int64_t heads = q.size(1), heads_kv = k.size(1);
-  TORCH_CHECK_VALUE(heads_kv >= 1 && heads % heads_kv == 0, "q has ", heads, " heads and k ", heads_kv,
+  TORCH_CHECK_VALUE(heads_kv >= 1 && heads % heads_kv == 0, "q has ", num(heads), " heads and k ", num(heads_kv),
                     ": the query heads must be a multiple of the key/value heads");
-  TORCH_CHECK_VALUE(heads_kv == heads || has(kFlashcoreGqa), "k and v have ", heads_kv, " heads and q ", heads,
+  TORCH_CHECK_VALUE(heads_kv == heads || has(kFlashcoreGqa), "k and v have ", num(heads_kv), " heads and q ", num(heads),
                     ": grouped-query attention is not supported by this variant (it needs equal head counts)");
-  TORCH_CHECK_VALUE(k.size(2) == q.size(2) || has(kFlashcoreSeqLenKv), "k and v have ", k.size(2),
-                    " rows and q ", q.size(2),
+  TORCH_CHECK_VALUE(k.size(2) == q.size(2) || has(kFlashcoreSeqLenKv), "k and v have ", num(k.size(2)),
+                    " rows and q ", num(q.size(2)),
                     ": key sequences of another length than the queries' are not supported by this variant");
   TORCH_CHECK_VALUE(k.size(2) >= 1 || q.size(2) == 0, "k and v have no rows: attention needs at least one key");
   const int max_rows = flashcore_max_seq_len();
-  TORCH_CHECK_VALUE(max_rows == 0 || q.size(2) <= max_rows, "q has ", q.size(2), " rows: this variant takes at most ",
-                    max_rows, " query rows (a decode kernel)");
+  TORCH_CHECK_VALUE(max_rows == 0 || q.size(2) <= max_rows, "q has ", num(q.size(2)), " rows: this variant takes at most ",
+                    num(max_rows), " query rows (a decode kernel)");
 }
 
 void check_same(const torch::Tensor& t, const char* name, const torch::Tensor& like, const char* like_name,
                 const torch::Tensor& q) {
   check_tensor(t, name, q);
-  TORCH_CHECK_VALUE(t.sizes() == like.sizes(), name, " has shape ", t.sizes(), " but ", like_name, " has ",
-                    like.sizes());
+  TORCH_CHECK_VALUE(t.sizes() == like.sizes(), name, " has shape ", shape(t), " but ", like_name, " has ",
+                    shape(like));
 }
 
 FlashcoreParams params(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -154,11 +166,11 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> backward(const torch::Te
   TORCH_CHECK_VALUE(lse.is_cuda() && lse.scalar_type() == torch::kFloat && lse.is_contiguous() &&
                         lse.sizes() == at::IntArrayRef({q.size(0), q.size(1), q.size(2)}),
                     "lse must be the forward's contiguous float32 [B, H, S] log-sum-exp, got ", lse.scalar_type(),
-                    " of shape ", lse.sizes());
+                    " of shape ", shape(lse));
   if (grad_lse.has_value()) {
     TORCH_CHECK_VALUE(grad_lse->is_cuda() && grad_lse->scalar_type() == torch::kFloat && grad_lse->is_contiguous() &&
                           grad_lse->sizes() == lse.sizes(),
-                      "grad_lse must be a contiguous float32 tensor shaped like lse ", lse.sizes());
+                      "grad_lse must be a contiguous float32 tensor shaped like lse ", shape(lse));
   }
   if (out_residual.has_value()) check_same(*out_residual, "out_residual", q, "q", q);
   if (dq_out.has_value()) check_same(*dq_out, "dq", q, "q", q);
