@@ -257,7 +257,7 @@ class Attention:
             self._check_alignment(q, k, v, out)
             result = self.op(q, k, v, causal, scale, grad)
             return result[:2] if return_lse else result[0]
-        if q.shape[3] not in self._head_dims:  # the one registry fact the binding does not check itself
+        if q.dim() != 4 or q.shape[3] not in self._head_dims:  # the binding checks all else (a 3-D q: its message)
             check_inputs(self.variant, q, k, v, causal, out)
         try:
             if return_lse:
