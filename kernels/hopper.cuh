@@ -28,6 +28,16 @@ namespace fc {
 // ---- warpgroup shapes ---------------------------------------------------------------------------------
 constexpr int kWarpgroupThreads = 128;
 
+// ---- dynamic shared memory ----------------------------------------------------------------------------
+// The dynamic shared memory rounded up to 1024 bytes (the 128-byte swizzle atom), as an offset from the shared
+// array itself: the compiler then knows every pointer derived from it is shared, and accesses through it are
+// LDS/STS on 32-bit addresses. Rounded through uintptr_t, the pointer was generic: LD.E/ST.E on 64-bit ones (v12's
+// backward read LSE_i, D_i and staged dQ so; 3-5% of it at D = 64, H100).
+__device__ __forceinline__ unsigned char* dynamic_smem_1024() {
+  extern __shared__ unsigned char smem_raw[];
+  return smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+}
+
 // ---- wgmma shared-memory descriptors ------------------------------------------------------------------
 // A 64-bit descriptor tells wgmma where an operand tile lies in shared memory and how it is laid out:
 // bits 0-13 start address >> 4, 16-29 leading-dimension byte offset >> 4, 32-45 stride byte offset >> 4,

@@ -35,10 +35,7 @@ constexpr int kDqBarrier = 2;  // + g: consumer g's dQ staged (128 threads)
 constexpr int kDqFull = 4;     // + g (V12_BWD_DQ_WARP): consumer g's dQ staged, for the dQ warp (128 + 32 threads)
 constexpr int kDqEmpty = 6;    // + g (V12_BWD_DQ_WARP): the dQ warp has read consumer g's staged tile (128 + 32)
 
-__device__ __forceinline__ unsigned char* v12_bwd_smem() {
-  extern __shared__ unsigned char smem_raw[];
-  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-}
+__device__ __forceinline__ unsigned char* v12_bwd_smem() { return fc::dynamic_smem_1024(); }
 
 template <class Cfg>
 __device__ __forceinline__ BwdBarriers& bwd_barriers() {

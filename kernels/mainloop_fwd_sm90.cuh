@@ -16,6 +16,9 @@
 
 // The dynamic shared memory, 1024-byte aligned (the swizzle atom). Every role derives it (and all below) again
 // after its setmaxnreg: a value kept across it would be spilled, since the producer keeps only 24-32 registers.
+// Rounded through uintptr_t, so the compiler sees a generic pointer (the epilogue's staging stores are ST.E, not
+// STS): fc::dynamic_smem_1024, which keeps it shared, left the forward 6% slower at 2,16,4096,128 (434.8 against
+// 408.3 us, one run on the lent H100, 2026-11-27), where v12's backward gained by it.
 __device__ __forceinline__ unsigned char* v12_smem() {
   extern __shared__ unsigned char smem_raw[];
   return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
