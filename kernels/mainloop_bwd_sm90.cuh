@@ -29,6 +29,13 @@
 #ifndef V12_BWD_DQ_WARP
 #define V12_BWD_DQ_WARP 1
 #endif
+// D = 128, queries per step: 0 (default): 64 always; 1: 80 without the causal mask, 64 with it (FlashAttention-3's
+// choice, hopper/flash_bwd_launch_template.h); 2: 80 always. 80 queries make dQ_i's tile 80 x 64 per consumer, which
+// wgmma (M = 64) computes transposed (BwdConfig::kDqSwapAB). Not the default: at 2,16,4096,128 it was within the
+// spread of 64 in two runs on the lent H100 and 5% slower in a third (v12_bwd.cu's header).
+#ifndef V12_BWD_M80
+#define V12_BWD_M80 0
+#endif
 
 constexpr int kDsBarrier = 1;  // named barrier: both consumers' dS^T stored (256 threads)
 constexpr int kDqBarrier = 2;  // + g: consumer g's dQ staged (128 threads)
@@ -66,15 +73,16 @@ __device__ __forceinline__ void bwd_producer(const FlashcoreBackwardParams& b, c
   }
 }
 
-// Consumer g's staged dQ tile (two panels of [64 rows][32 fp32], 128-byte swizzled) reduce-added by TMA into the
-// fp32 accumulator at query rows m0.. of head bh, as one bulk group; one thread calls it.
+// Consumer g's staged dQ tile (two panels of [kDqRows rows][32 fp32], 128-byte swizzled) reduce-added by TMA into
+// the fp32 accumulator at query rows m0.. of head bh, as one bulk group; one thread calls it.
 template <class Cfg>
 __device__ __forceinline__ void reduce_add_dq_tile(const BwdMaps& maps, unsigned char* smem, int g, int m0, int bh) {
   const int row_half = Cfg::kDqByRows ? g : 0, col_half = Cfg::kDqByRows ? 0 : g;
   unsigned char* stage = smem + Cfg::kDqOffset + g * Cfg::kDqBytes;
 #pragma unroll
   for (int panel = 0; panel < 2; ++panel) {
-    fc::tma_reduce_add_3d(&maps.dq, 64 * col_half + 32 * panel, m0 + 64 * row_half, bh, stage + panel * 64 * 128);
+    fc::tma_reduce_add_3d(&maps.dq, 64 * col_half + 32 * panel, m0 + 64 * row_half, bh,
+                          stage + panel * Cfg::kDqRows * 128);
   }
   fc::tma_store_commit();
 }
@@ -105,16 +113,51 @@ __device__ __forceinline__ void bwd_dq_writer(const FlashcoreBackwardParams& b, 
 }
 
 // dQ's 64 x 64 tile of this consumer: dS (its 64 query rows, all kBlockN keys: two K-major panels) times K_j's
-// 64 columns (N-major: K_j's rows are the keys), 8 k-steps of 16 keys.
-template <typename T, int kBlockM>
-__device__ __forceinline__ void gemm_dq(float (&dq)[32], uint64_t desc_ds, uint64_t desc_k) {
+// 64 columns (N-major: K_j's rows are the keys), 8 k-steps of 16 keys. kDqSwapAB (80 queries): dQ^T's 64 x 80 tile,
+// K_j's 64 columns as M-major A times dS (all 80 query rows) as K-major B.
+template <class Cfg, typename T>
+__device__ __forceinline__ void gemm_dq(float (&dq)[Cfg::kDqRegs], uint64_t desc_ds, uint64_t desc_k) {
   fc::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
-    const int panel = kk / 4, within = (kk % 4) * 32;
-    fc::wgmma_ss<64, T, 1>(dq, desc_ds + ((panel * kBlockM * 128 + within) >> 4), desc_k + ((kk * 2048) >> 4), kk > 0);
+    const uint64_t ds = desc_ds + (((kk / 4) * Cfg::kBlockM * 128 + (kk % 4) * 32) >> 4);
+    const uint64_t k = desc_k + ((kk * 2048) >> 4);
+    if constexpr (Cfg::kDqSwapAB) {
+      fc::wgmma_ss<Cfg::kDqRows, T, 0, 1>(dq, k, ds, kk > 0);
+    } else {
+      fc::wgmma_ss<64, T, 1>(dq, ds, k, kk > 0);
+    }
   }
   fc::wgmma_commit();
+}
+
+// This consumer's dQ tile into its staging tile (2 panels of [kDqRows query rows][32 fp32], 128-byte swizzled: the
+// TMA box's layout). kDqSwapAB: the accumulator is dQ^T (rows: this consumer's 64 columns; columns: queries), so
+// each value is stored alone, transposed (a warp's 32 stores of one register hit 32 banks: the swizzle spreads the
+// four query pairs t over chunks).
+template <class Cfg>
+__device__ __forceinline__ void stage_dq(unsigned char* dq_stage, const float (&dq)[Cfg::kDqRegs], int warp, int lane) {
+  const int t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < Cfg::kDqRegs / 4; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 16 * warp + lane / 4 + 8 * h;  // accumulator row
+      if constexpr (Cfg::kDqSwapAB) {
+        const int col = row, panel = col / 32, chunk = (col % 32) / 4;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int query = 8 * j + 2 * t + e;
+          *reinterpret_cast<float*>(dq_stage + panel * Cfg::kDqRows * 128 + query * 128 + ((chunk ^ (query % 8)) << 4) +
+                                    4 * (col % 4)) = dq[4 * j + 2 * h + e];
+        }
+      } else {
+        const int col = 8 * j + 2 * t, panel = col / 32, chunk = (col % 32) / 4;
+        *reinterpret_cast<float2*>(dq_stage + panel * Cfg::kDqRows * 128 + row * 128 + ((chunk ^ (row % 8)) << 4) +
+                                   4 * (col % 4)) = make_float2(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
+      }
+    }
+  }
 }
 
 // P^T = exp2(S^T * scale log2 e - LSE_i log2 e) in place, on a 64-key x kBlockM tile whose columns are queries
@@ -159,12 +202,23 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
   constexpr bool kDqFirst = V12_BWD_DQ_FIRST != 0, kDqWarp = V12_BWD_DQ_WARP != 0;
   const FlashcoreParams& p = b.fwd;
   const int g = __shfl_sync(0xffffffffu, threadIdx.x / fc::kWarpgroupThreads, 0) - 1;  // 0 or 1, warp-uniform
-  const int tid = threadIdx.x % fc::kWarpgroupThreads, warp = tid / 32, lane = tid % 32;
+  // At 80 queries per step (kDqSwapAB) the step's peak has no register to spare: there the warp is broadcast
+  // (warp-uniform, like g) and the lane read afresh where it is used (lane_id_volatile, which the compiler cannot
+  // hoist), so no per-thread index is held across the loop (held, ptxas spilled 4-8 bytes). Elsewhere they are
+  // held: the volatile reads also pin the schedule around them, and cost 6% at D = 64 (H100, beside a build that
+  // held them).
+  const int warp = Cfg::kDqSwapAB ? __shfl_sync(0xffffffffu, threadIdx.x / 32 % 4, 0) : threadIdx.x / 32 % 4;
+  auto lane = [] {
+    if constexpr (Cfg::kDqSwapAB) return fc::lane_id_volatile();
+    return static_cast<int>(threadIdx.x % 32);
+  };
+  const bool tid0 = threadIdx.x % fc::kWarpgroupThreads == 0;
   BwdBarriers& bars = bwd_barriers<Cfg>();
   unsigned char* smem = v12_bwd_smem();
   const BwdSteps steps = bwd_steps<Cfg::kBlockN, Cfg::kBlockM>(p, blockIdx.x, blockIdx.y);
   const int n0 = blockIdx.x * Cfg::kBlockN, offset = fc::causal_offset(p);
-  const int key_row = 64 * g + 16 * warp + lane / 4;  // this thread's first key in the CTA's block (+ 8: second)
+  // this thread's first key in the CTA's block (+ 8: second)
+  auto key_row = [&] { return 64 * g + 16 * warp + lane() / 4; };
   const float scale_log2 = p.scale * kBwdLog2e;
   const int dq_row_half = Cfg::kDqByRows ? g : 0, dq_col_half = Cfg::kDqByRows ? 0 : g;
 
@@ -184,9 +238,11 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
   unsigned char* dq_stage = smem + Cfg::kDqOffset + g * Cfg::kDqBytes;
   // stmatrix addresses: lane l stores row (query) 8 (2i + l/16) + l%8 of 16-byte key chunk 2 warp + (l/8)%2 of
   // panel g (this warpgroup's 64 keys), swizzled; i steps 16 queries (2048 bytes).
-  const int st_query = 8 * (lane / 16) + lane % 8, st_chunk = 2 * warp + (lane / 8) % 2;
-  const uint32_t ds_lane = fc::smem_addr(smem + Cfg::kDsOffset + g * kBlockM * 128 + st_query * 128 +
-                                         ((st_chunk ^ (st_query % 8)) << 4));
+  const uint32_t ds_panel = fc::smem_addr(smem + Cfg::kDsOffset + g * kBlockM * 128);
+  auto ds_lane = [&] {
+    const int l = lane(), st_query = 8 * (l / 16) + l % 8, st_chunk = 2 * warp + (l / 8) % 2;
+    return ds_panel + st_query * 128 + ((st_chunk ^ (st_query % 8)) << 4);
+  };
 
   float dv[kHeadDim / 2], dk[kHeadDim / 2];
 #pragma unroll
@@ -206,9 +262,9 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
     const float* stats = reinterpret_cast<const float*>(smem + Cfg::kStatsOffset + s * Cfg::kStatsBytes);
     auto to_probabilities = [&] {
       if (bwd_needs_mask(p, n0 + 64 * g, m0)) {
-        probabilities<kBlockM, true>(st, stats, scale_log2, n0 + key_row, m0, offset);
+        probabilities<kBlockM, true>(st, stats, scale_log2, n0 + key_row(), m0, offset);
       } else {
-        probabilities<kBlockM, false>(st, stats, scale_log2, n0 + key_row, m0, offset);
+        probabilities<kBlockM, false>(st, stats, scale_log2, n0 + key_row(), m0, offset);
       }
     };
     uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
@@ -242,12 +298,23 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
     }
     // dS (queries x keys) into buffer step % 2: both consumers' halves, then dQ_i's tile reads all of it
 #pragma unroll
-    for (int i = 0; i < kBlockM / 16; ++i) fc::stmatrix_x4_trans(ds_lane + s * Cfg::kDsBytes + i * 2048, dsa[i]);
+    for (int i = 0; i < kBlockM / 16; ++i) fc::stmatrix_x4_trans(ds_lane() + s * Cfg::kDsBytes + i * 2048, dsa[i]);
     fc::fence_proxy_async_shared();
-    if (!kDqWarp && tid == 0) fc::tma_store_wait_read<0>();  // the last step's dQ tile has left the staging tile
+    if (!kDqWarp && tid0) fc::tma_store_wait_read<0>();  // the last step's dQ tile has left the staging tile
     fc::named_barrier_sync(kDsBarrier, 2 * fc::kWarpgroupThreads);
-    float dq[32];
-    gemm_dq<T, kBlockM>(dq, desc_ds + s * kDsStep, desc_k_t);
+    if constexpr (Cfg::kDqSwapAB) {
+      // dV's product (and dK's, if issued) done before dQ_i's is issued: P^T's registers free for dQ_i^T's 40 (with
+      // them live beside dV, dK and dS^T, ptxas serialized every wgmma for want of registers)
+      fc::wgmma_wait<0>();
+      fc::wgmma_fence_operands(dv);
+      fc::wgmma_fence_operands(pa);
+      if constexpr (!kDqFirst) {
+        fc::wgmma_fence_operands(dk);
+        fc::wgmma_fence_operands(dsa);
+      }
+    }
+    float dq[Cfg::kDqRegs];
+    gemm_dq<Cfg, T>(dq, desc_ds + s * kDsStep, desc_k_t);
     fc::wgmma_fence_operands(dq);
     if constexpr (kDqFirst) {
       // dK issued after dQ_i, so that dQ_i is added while dK's wgmma runs
@@ -265,26 +332,17 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
       fc::wgmma_fence_operands(dsa);
       fc::mbarrier_arrive(&bars.empty[s]);  // every thread: its reads of the stage's LSE_i and D_i are done
     }
-    // dQ's tile into the staging tile (2 panels of [64 rows][32 fp32], 128-byte swizzled), then one thread adds it
-    // (V12_BWD_DQ_WARP: the dQ warp, once it has read the last step's tile)
+    // dQ's tile into the staging tile, then one thread adds it (V12_BWD_DQ_WARP: the dQ warp, once it has read the
+    // last step's tile)
     if (kDqWarp && step > 0) fc::named_barrier_sync(kDqEmpty + g, fc::kWarpgroupThreads + 32);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int col = 8 * j + 2 * (tid % 4), panel = col / 32, chunk = (col % 32) / 4;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = 16 * warp + lane / 4 + 8 * h;
-        *reinterpret_cast<float2*>(dq_stage + panel * 64 * 128 + row * 128 + ((chunk ^ (row % 8)) << 4) +
-                                   4 * (col % 4)) = make_float2(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
-      }
-    }
+    stage_dq<Cfg>(dq_stage, dq, warp, lane());
     fc::fence_proxy_async_shared();
     if constexpr (kDqWarp) {
       fc::named_barrier_arrive(kDqFull + g, fc::kWarpgroupThreads + 32);
     } else {
       fc::named_barrier_sync(kDqBarrier + g, fc::kWarpgroupThreads);
     }
-    if (!kDqWarp && tid == 0) reduce_add_dq_tile<Cfg>(maps, smem, g, m0, bh);
+    if (!kDqWarp && tid0) reduce_add_dq_tile<Cfg>(maps, smem, g, m0, bh);
     if constexpr (kDqFirst) {
       fc::wgmma_wait<0>();  // dK (it reads Q_i) before the stage is released
       fc::wgmma_fence_operands(dk);
@@ -292,19 +350,19 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
       fc::mbarrier_arrive(&bars.empty[s]);  // every thread: its reads of the stage's LSE_i and D_i are done
     }
   }
-  if (!kDqWarp && tid == 0) fc::tma_store_wait<0>();
+  if (!kDqWarp && tid0) fc::tma_store_wait<0>();
 
   // dK = scale dS^T Q, dV = P^T dO for this warpgroup's 64 keys (rows at or past S_kv are not written)
   const size_t kv_base = static_cast<size_t>(blockIdx.y) * p.seq_len_kv * kHeadDim;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int key = n0 + key_row + 8 * h;
+    const int key = n0 + key_row() + 8 * h;
     if (key >= p.seq_len_kv) continue;
     T* dk_row = fc::tensor<T>(b.dk) + kv_base + static_cast<size_t>(key) * kHeadDim;
     T* dv_row = fc::tensor<T>(b.dv) + kv_base + static_cast<size_t>(key) * kHeadDim;
 #pragma unroll
     for (int j = 0; j < kHeadDim / 8; ++j) {
-      const int col = 8 * j + 2 * (tid % 4);
+      const int col = 8 * j + 2 * (threadIdx.x % 4);
       *reinterpret_cast<uint32_t*>(dk_row + col) = pack2<T>(dk[4 * j + 2 * h] * p.scale, dk[4 * j + 2 * h + 1] * p.scale);
       *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<T>(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
     }

@@ -24,13 +24,16 @@
 // bwd_passes.cuh (prep, dq), consumer_sm90.cuh (the forward's GEMM and packing steps, reused).
 //
 // Configuration: 128 keys per CTA; D = 64: 128 queries per step (dQ tiles split by rows), D = 128: 64 (split by
-// columns); 2 stages of Q_i, dO_i, LSE_i, D_i; dS double-buffered; one CTA per SM (194-195 KB). dQ_i's product is
-// issued before dK's, so that dQ_i is staged and reduce-added while dK's wgmma runs (V12_BWD_DQ_FIRST, default 1).
-// Every consumer thread arrives on a stage's empty barrier after its own reads of LSE_i and D_i (lane 0 alone
-// arriving was reported by racecheck as a race with the producer's bulk copies refilling the stage). The dQ warp
-// (V12_BWD_DQ_WARP, default 1): warp 1 of the producer warpgroup waits on a named barrier until a consumer has
-// staged its dQ tile, issues the reduce-add, and releases the staging tile once the copy has read it; a consumer
-// no longer waits for its last tile to leave before staging the next.
+// columns; V12_BWD_M80 selects 80, not kept); 2 stages of Q_i, dO_i, LSE_i, D_i; dS double-buffered; one CTA per SM
+// (194-195 KB). dQ_i's product is issued before dK's, so that dQ_i is staged and reduce-added while dK's wgmma runs
+// (V12_BWD_DQ_FIRST, default 1). Every consumer thread arrives on a stage's empty barrier after its own reads of
+// LSE_i and D_i (lane 0 alone arriving was reported by racecheck as a race with the producer's bulk copies refilling
+// the stage). The dQ warp (V12_BWD_DQ_WARP, default 1): warp 1 of the producer warpgroup waits on a named barrier
+// until a consumer has staged its dQ tile, issues the reduce-add, and releases the staging tile once the copy has
+// read it; a consumer no longer waits for its last tile to leave before staging the next. Shared memory by name: the
+// CTA's dynamic shared memory is rounded up to 1024 bytes as an offset from the shared array
+// (fc::dynamic_smem_1024), so LSE_i and D_i are read with LDS and dQ staged with STS on 32-bit addresses (rounded
+// through uintptr_t, every pointer derived from it was generic: LD.E and ST.E on 64-bit addresses).
 //
 // Run:  flashcore test v12 && flashcore bench v12 --pass bwd --shape 2,16,4096,128
 //
@@ -57,14 +60,30 @@
 //   `flashcore test v12` 216 OK, worst err/tol 0.79; memcheck, synccheck and racecheck clean at 1,4:2,97:61,128 and
 //   1,4:2,200:97,64 causal, racecheck at 2,6:2,131:200,128 causal; 2000 random launches with gradients: 1998 OK,
 //   2 with one element each over the tolerance (worst 1.15x: dq at 2,5,81,128, dk at 3,1,54,64 causal).
-// Tried, not kept (one run each beside the first cut, docs/results/h200-v12-bwd-candidates-2026-11-26.json):
+// - shared memory by name (this build), H200, one run per row beside v12prev (the build before it)
+//   (docs/results/h200-v12-bwd-lds-2026-11-27.json), us (this build / v12prev / cuDNN: this build vs cuDNN):
+//     2,16,4096,128   1347.9 / 1380.0 / 1277.2: 0.95x     2,16,4096,128 causal   771.8 / 790.3 / 771.0: 1.00x
+//     2,16,4096,64     776.3 /  798.2 /  779.3: 1.00x     2,16,4096,64 causal    475.4 / 488.3 / 503.1: 1.06x
+//     1,16,16384,64   5927.3 / 6094.5 / 6129.5: 1.03x     1,16,16384,128 causal 5206.0 / 5265.1 / 5172.8: 0.99x
+//   1.1-2.7% off every row; 1.61-1.86x FA2. fwd+bwd at 2,16,4096,128: 1767.9 vs 1826.7, cuDNN 1692.1 (0.96x).
+//   `flashcore test v12` 216 OK (worst err/tol 0.99); racecheck and memcheck clean at 1,4:2,200:97,64 causal,
+//   racecheck at 1,4:2,97:61,128 causal (H100); 2000 random launches with gradients: 1999 OK, one dq element at
+//   1.06x the tolerance (2,24:6,39,64), the same tail (docs/results/v12-bwd-checks-2026-11-27.txt).
+// Tried, not kept (one run each beside the first cut, docs/results/h200-v12-bwd-candidates-2026-11-26.json, unless
+// said otherwise):
 // - dQ_i added from registers by red.global.add.v2.f32 instead of staging + TMA reduce-add: 15% slower at D=128
 //   (1708 vs 1485 us), 10% at D=64.
 // - V12_BWD_OVERLAP=1 (at D=128, P^T computed while dP^T's wgmma runs and dS^T while dV's does): within 2% of
 //   waiting for both, either way in different runs; the default is 0 (at D=64 it spilled 48 bytes). Beside the
 //   dQ warp (docs/results/h200-v12-bwd-switches-dqwarp-2026-11-26.json): 1361 vs 1377 us at 2,16,4096,128, within
 //   the spread. V12_BWD_DQ_FIRST=0 there: flat at D=128, 786 vs 801 us at 2,16,4096,64 (one run; defaults kept).
-// Not reached: >= 1.0x cuDNN at four of the six rows (D = 128 non-causal the furthest). ncu (2,16,4096,128, first
+// - 80 queries per step at D = 128 (V12_BWD_M80: 1, FlashAttention-3's step there; dQ_i's 80 x 64 tile computed as
+//   dQ_i^T = K_j^T dS^T, wgmma's M being 64): correct (216 OK; sanitizers clean), but at 2,16,4096,128 within the
+//   spread of 64 queries in two runs and 5% slower in a third (lent H100; docs/results/
+//   h100-v12-bwd-m80-2026-11-27.json, h100-v12-bwd-lanes*-2026-11-27.json, h100-v12-bwd-lds-2026-11-27.json). Its registers: S^T and dP^T take 80,
+//   dV and dK 128, so dV's product is awaited before dQ_i's is issued (else ptxas serializes every wgmma) and the
+//   lane index is re-read where used (else 4-8 bytes spill). Issuing dK before that wait instead: no better.
+// Not reached: >= 1.0x cuDNN at every row (D = 128 non-causal the furthest, 0.95x). ncu (2,16,4096,128, first
 // cut): issue slots 21% busy, 10.3 warp cycles per issued instruction (3.1 long scoreboard, 1.9 wait, 1.0
 // barrier), 8.9 of 12 warps active (9 of a CTA's 12 live: three of the producer warpgroup's warps exit at once;
 // with the dQ warp, two).
@@ -101,7 +120,8 @@ const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
       !fc::encode_tensor_map<3>(&maps.dq, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, w.dq_accum,
                                 {static_cast<cuuint64_t>(kHeadDim), static_cast<cuuint64_t>(p.seq_len),
                                  static_cast<cuuint64_t>(heads)},
-                                {dq_row_bytes, dq_row_bytes * p.seq_len}, {32, 64, 1}, CU_TENSOR_MAP_SWIZZLE_128B)) {
+                                {dq_row_bytes, dq_row_bytes * p.seq_len}, {32, Cfg::kDqRows, 1},
+                                CU_TENSOR_MAP_SWIZZLE_128B)) {
     return "v12 backward: the driver refused a TMA tensor map (is the driver new enough, the tensor 16-byte aligned?)";
   }
   const dim3 grid(fc::ceil_div(p.seq_len_kv, Cfg::kBlockN), bh_kv);
@@ -112,11 +132,18 @@ const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   return launch_bwd_dq<kHeadDim, T>(b, w, stream);
 }
 
+// D = 128: 80 queries per step (dQ transposed) where V12_BWD_M80 asks for it, else 64.
+inline bool step80(const FlashcoreParams& p) { return V12_BWD_M80 == 2 || (V12_BWD_M80 == 1 && !p.causal); }
+
 template <class T>
 const char* backward_dtype(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   switch (b.fwd.head_dim) {
     case 64: return backward<BwdCfg64, T>(b, stream);
-    case 128: return backward<BwdCfg128, T>(b, stream);
+    case 128:
+      if constexpr (V12_BWD_M80 != 0) {  // (its kernels are not compiled otherwise)
+        if (step80(b.fwd)) return backward<BwdCfg128x80, T>(b, stream);
+      }
+      return backward<BwdCfg128, T>(b, stream);
     default: return fc::unsupported_head_dim(b.fwd.head_dim);
   }
 }
@@ -138,6 +165,13 @@ int plan_both(FlashcoreKernelPlan* plans) {
   return n + plan_dtype<Cfg, __nv_bfloat16>(plans + n);
 }
 
+// D = 128: the 64-query kernels (causal, or every call with V12_BWD_M80 0), then the 80-query ones where any call
+// takes them
+int plan_d128(FlashcoreKernelPlan* plans) {
+  const int n = V12_BWD_M80 == 2 ? 0 : plan_both<BwdCfg128>(plans);
+  return n + (V12_BWD_M80 == 0 ? 0 : plan_both<BwdCfg128x80>(plans + n));
+}
+
 }  // namespace
 
 size_t flashcore_backward_workspace(const FlashcoreParams& p) { return dq_accum_bytes(p) + 2 * stats_bytes(p); }
@@ -154,7 +188,7 @@ const char* flashcore_backward(const FlashcoreBackwardParams& b, cudaStream_t st
 int v12_backward_plan(int head_dim, FlashcoreKernelPlan* plans) {
   switch (head_dim) {
     case 64: return plan_both<BwdCfg64>(plans);
-    case 128: return plan_both<BwdCfg128>(plans);
+    case 128: return plan_d128(plans);
     default: return 0;
   }
 }

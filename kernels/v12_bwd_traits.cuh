@@ -3,6 +3,7 @@
 // tensor maps a CTA holds. Read by mainloop_bwd_sm90.cuh and v12_bwd.cu.
 #pragma once
 
+#include "bwd_passes.cuh"
 #include "flashcore.h"
 #include "hopper.cuh"
 
@@ -17,18 +18,23 @@ struct BwdConfig {
   static constexpr int kConsumerRegs = 240;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536, "register file");
   static constexpr int kPanels = kHeadDim / 64;  // 128-byte panels of 64 columns per row
-  // dQ_i = dS K_j (kBlockM x D) is split between the two consumers as two 64 x 64 wgmma tiles: by rows where the
-  // step has 128 queries (D = 64), by columns where it has 64 (D = 128). Consumer g takes rows 64 kDqRowHalf(g),
-  // columns 64 kDqColHalf(g).
+  // dQ_i = dS K_j (kBlockM x D) is split between the two consumers as two wgmma tiles: by rows where the step
+  // has 128 queries (D = 64), by columns where it has 64 (D = 128), each 64 x 64; and where it has 80 (D = 128,
+  // FlashAttention-3's step there), transposed: consumer g computes dQ_i^T's 64 rows 64 g.. (columns of dQ_i) x 80
+  // queries as K_j^T dS^T (wgmma's M must be 64: 80 query rows cannot be its M). Consumer g's tile covers query
+  // rows 64 row_half(g) .. + kDqRows, columns 64 col_half(g) .. + 64.
   static constexpr bool kDqByRows = kBlockM == 128;
-  static_assert((kDqByRows ? kBlockM / 2 : kBlockM) == 64 && (kDqByRows ? kHeadDim : kHeadDim / 2) == 64,
-                "dQ: two 64 x 64 tiles");
+  static constexpr bool kDqSwapAB = kBlockM == 80;
+  static constexpr int kDqRows = kDqByRows ? 64 : kBlockM;  // query rows of one consumer's dQ tile
+  static constexpr int kDqRegs = kDqRows * 64 / fc::kWarpgroupThreads;  // its fp32 accumulators per thread
+  static_assert((kDqByRows ? kHeadDim : kHeadDim / 2) == 64 && (kDqSwapAB || kDqRows == 64),
+                "dQ: two tiles of 64 columns, 64 query rows (or dQ^T's 80)");
   // Shared memory, every tile 1024-byte aligned (the swizzle atom): K_j | V_j | (Q_i, dO_i) x 2 stages |
   // dS x 2 | dQ staging x 2 consumers | (LSE_i log2 e, D_i) x 2 stages | mbarriers.
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // K_j or V_j: kPanels panels of [kBlockN][128 B]
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // Q_i or dO_i: kPanels panels of [kBlockM][128 B]
   static constexpr int kDsBytes = kBlockM * kBlockN * 2;   // dS (queries x keys): 2 panels of [kBlockM][128 B]
-  static constexpr int kDqBytes = 64 * 64 * 4;             // one consumer's dQ tile: 2 panels of [64][32 fp32]
+  static constexpr int kDqBytes = kDqRows * 64 * 4;  // one consumer's dQ tile: 2 panels of [kDqRows][32 fp32]
   static constexpr int kKOffset = 0;
   static constexpr int kVOffset = kKOffset + kKVBytes;
   static constexpr int kQOffset = kVOffset + kKVBytes;     // stage s at + s * kQBytes
@@ -39,7 +45,10 @@ struct BwdConfig {
   static constexpr int kStatsBytes = 2 * kBlockM * 4;
   static constexpr int kBarOffset = kStatsOffset + 2 * kStatsBytes;
   static constexpr int kSmemBytes = kBarOffset + 64 + 1024;  // + alignment slack
-  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0, "swizzle alignment");
+  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 && kDqBytes % 2048 == 0,
+                "swizzle alignment");
+  static_assert(kBlockM % 16 == 0 && (kPadRows % kBlockM == 0 || kBlockM == kPadRows80),
+                "whole k-steps; LSE_i, D_i within the padded rows");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory: at most 227 KB per block on sm_90");
 };
 
@@ -82,3 +91,4 @@ __host__ __device__ inline bool bwd_needs_mask(const FlashcoreParams& p, int fir
 
 using BwdCfg64 = BwdConfig<64, 128>;
 using BwdCfg128 = BwdConfig<128, 64>;
+using BwdCfg128x80 = BwdConfig<128, 80>;
