@@ -178,27 +178,16 @@ __device__ __forceinline__ void wgmma_rs<136, T>(float (&d)[68], const uint32_t 
 #define FC_D64 FC_D32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "         \
                "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 
-#define FC_WGMMA_SS_64(T, TYPE, TRANS_B)                                                                          \
+// DESCS, ACC: the operand numbers of desc_a, desc_b and accumulate, which follow the REGS accumulators
+#define FC_WGMMA_SS(N, REGS, T, TYPE, DLIST, FLIST, DESCS, ACC, TRANS_B, TRANS_A)                                 \
 template <>                                                                                                       \
-__device__ __forceinline__ void wgmma_ss<64, T, TRANS_B>(float (&d)[32], uint64_t desc_a, uint64_t desc_b,        \
-                                                         int accumulate) {                                        \
+__device__ __forceinline__ void wgmma_ss<N, T, TRANS_B, TRANS_A>(float (&d)[REGS], uint64_t desc_a,               \
+                                                                 uint64_t desc_b, int accumulate) {               \
   FC_SM90A_ONLY(asm volatile(                                                                                     \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                                \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" FC_D32 "}, %32, %33, p, 1, 1, 0, " #TRANS_B \
-      ";\n}\n"                                                                                                    \
-      : FC_F32(d)                                                                                                 \
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate)));                                                              \
-}
-
-#define FC_WGMMA_SS_80(T, TYPE, TRANS_A)                                                                           \
-template <>                                                                                                       \
-__device__ __forceinline__ void wgmma_ss<80, T, 0, TRANS_A>(float (&d)[40], uint64_t desc_a, uint64_t desc_b,     \
-                                                            int accumulate) {                                     \
-  FC_SM90A_ONLY(asm volatile(                                                                                     \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"                                                                \
-      "wgmma.mma_async.sync.aligned.m64n80k16.f32." TYPE "." TYPE " {" FC_D40 "}, %40, %41, p, 1, 1, " #TRANS_A   \
-      ", 0;\n}\n"                                                                                                 \
-      : FC_F40(d)                                                                                                 \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n"                                                            \
+      "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" DLIST "}, " DESCS ", p, 1, 1, " #TRANS_A \
+      ", " #TRANS_B ";\n}\n"                                                                                       \
+      : FLIST(d)                                                                                                  \
       : "l"(desc_a), "l"(desc_b), "r"(accumulate)));                                                              \
 }
 
@@ -221,14 +210,14 @@ FC_WGMMA_RS_72(__half, "f16")
 FC_WGMMA_RS_72(__nv_bfloat16, "bf16")
 FC_WGMMA_RS_136(__half, "f16")
 FC_WGMMA_RS_136(__nv_bfloat16, "bf16")
-FC_WGMMA_SS_64(__half, "f16", 0)
-FC_WGMMA_SS_64(__nv_bfloat16, "bf16", 0)
-FC_WGMMA_SS_64(__half, "f16", 1)
-FC_WGMMA_SS_64(__nv_bfloat16, "bf16", 1)
-FC_WGMMA_SS_80(__half, "f16", 0)
-FC_WGMMA_SS_80(__nv_bfloat16, "bf16", 0)
-FC_WGMMA_SS_80(__half, "f16", 1)
-FC_WGMMA_SS_80(__nv_bfloat16, "bf16", 1)
+FC_WGMMA_SS(64, 32, __half, "f16", FC_D32, FC_F32, "%32, %33", "%34", 0, 0)
+FC_WGMMA_SS(64, 32, __nv_bfloat16, "bf16", FC_D32, FC_F32, "%32, %33", "%34", 0, 0)
+FC_WGMMA_SS(64, 32, __half, "f16", FC_D32, FC_F32, "%32, %33", "%34", 1, 0)
+FC_WGMMA_SS(64, 32, __nv_bfloat16, "bf16", FC_D32, FC_F32, "%32, %33", "%34", 1, 0)
+FC_WGMMA_SS(80, 40, __half, "f16", FC_D40, FC_F40, "%40, %41", "%42", 0, 0)
+FC_WGMMA_SS(80, 40, __nv_bfloat16, "bf16", FC_D40, FC_F40, "%40, %41", "%42", 0, 0)
+FC_WGMMA_SS(80, 40, __half, "f16", FC_D40, FC_F40, "%40, %41", "%42", 0, 1)
+FC_WGMMA_SS(80, 40, __nv_bfloat16, "bf16", FC_D40, FC_F40, "%40, %41", "%42", 0, 1)
 FC_WGMMA_RS(64, 32, __half, "f16", FC_D32, FC_F32, "%32, %33, %34, %35", "%36", "%37")
 FC_WGMMA_RS(64, 32, __nv_bfloat16, "bf16", FC_D32, FC_F32, "%32, %33, %34, %35", "%36", "%37")
 FC_WGMMA_RS(128, 64, __half, "f16", FC_D64, FC_F64, "%64, %65, %66, %67", "%68", "%69")
@@ -237,8 +226,7 @@ FC_WGMMA_RS(128, 64, __nv_bfloat16, "bf16", FC_D64, FC_F64, "%64, %65, %66, %67"
 #undef FC_WGMMA_SS_128
 #undef FC_WGMMA_RS_72
 #undef FC_WGMMA_RS_136
-#undef FC_WGMMA_SS_64
-#undef FC_WGMMA_SS_80
+#undef FC_WGMMA_SS
 #undef FC_WGMMA_RS
 #undef FC_F8
 #undef FC_F32
