@@ -1,7 +1,8 @@
 """v12's backward schedule, checked on the host: each CTA (128 keys of one K/V head) must step through exactly the
 (query head, query block) pairs in which some query sees some of its keys, over every query head of the K/V head's
-group, and mask every step where one of a consumer's keys lies right of a query's diagonal (causal bottom-right:
-S != S_kv shifts it). tests/fixtures/hosts/v12_bwd_steps.cu runs the kernel's own bwd_steps / bwd_needs_mask by
+group, mask every step where one of a consumer's keys lies right of a query's diagonal (causal bottom-right:
+S != S_kv shifts it), and read LSE and D only within the rows the prep pass pads them to (64, 80 and 128 queries per
+step). tests/fixtures/hosts/v12_bwd_steps.cu runs the kernel's own bwd_steps / bwd_needs_mask by
 brute force over every (query, key) pair; nvcc builds it (no GPU needed)."""
 
 from __future__ import annotations
