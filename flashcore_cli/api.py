@@ -257,7 +257,8 @@ class Attention:
             self._check_alignment(q, k, v, out)
             result = self.op(q, k, v, causal, scale, grad)
             return result[:2] if return_lse else result[0]
-        if q.dim() != 4 or q.shape[3] not in self._head_dims:  # the binding checks all else (a 3-D q: its message)
+        # the head dim is the one registry fact the binding does not check itself (and a q not 4-D has no shape[3])
+        if q.dim() != 4 or q.shape[3] not in self._head_dims:
             check_inputs(self.variant, q, k, v, causal, out)
         try:
             if return_lse:
