@@ -108,3 +108,18 @@ __device__ __forceinline__ void stage_dq(unsigned char* dq_stage, const float (&
     }
   }
 }
+
+// Consumer g's dQ tile k (of step k) into its staging tile, then handed on: with the dQ warp (V12_BWD_DQ_WARP) once
+// that warp has read tile k - 1, and arriving for it; without it, the warpgroup meets and its thread 0 adds the tile.
+template <class Cfg, bool kDqWarp>
+__device__ __forceinline__ void hand_over_dq(unsigned char* dq_stage, const float (&dq)[Cfg::kDqRegs], int g, int k,
+                                             int warp, int lane) {
+  if (kDqWarp && k > 0) fc::named_barrier_sync(kDqEmpty + g, fc::kWarpgroupThreads + 32);
+  stage_dq<Cfg>(dq_stage, dq, warp, lane);
+  fc::fence_proxy_async_shared();
+  if constexpr (kDqWarp) {
+    fc::named_barrier_arrive(kDqFull + g, fc::kWarpgroupThreads + 32);
+  } else {
+    fc::named_barrier_sync(kDqBarrier + g, fc::kWarpgroupThreads);
+  }
+}

@@ -39,6 +39,14 @@
 #define V12_BWD_M80 0
 #endif
 
+// 1 (default): dQ_{i-1}'s product runs in step i, from the other of two dS buffers handed over on mbarriers, so the
+// consumers never meet within a step and one's exp2s run while the other's wgmmas do; 0: both meet each step
+// (kDsBarrier) before dQ_i. H200, backward alone, beside 0 in one run: 7% off 2,16,4096,64 and 1,16,16384,64, 4% off
+// 64 causal, 0-1% at the D = 128 rows (docs/ladder.md, "The dQ lag"). 80 queries per step (V12_BWD_M80) take 0.
+#ifndef V12_BWD_DQ_LAG
+#define V12_BWD_DQ_LAG 1
+#endif
+
 constexpr int kDsBarrier = 1;  // named barrier: both consumers' dS^T stored (256 threads)
 
 // One thread: K_j and V_j once, then each step's Q_i, dO_i (TMA) and LSE_i, D_i (bulk copies) into stage step % 2.
@@ -105,6 +113,8 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
   // the overlap keeps P^T's fp32 values live beside dP^T: at 128 queries per step (D = 64) that spilled 48 bytes
   constexpr bool kOverlap = V12_BWD_OVERLAP != 0 && kBlockM == 64;
   constexpr bool kDqFirst = V12_BWD_DQ_FIRST != 0, kDqWarp = V12_BWD_DQ_WARP != 0;
+  constexpr bool kLag = V12_BWD_DQ_LAG != 0 && !Cfg::kDqSwapAB;
+  static_assert(!kLag || (kDqWarp && kDqFirst), "the dQ lag: with the dQ warp, dQ before dK");
   const FlashcoreParams& p = b.fwd;
   const int g = __shfl_sync(0xffffffffu, threadIdx.x / fc::kWarpgroupThreads, 0) - 1;  // 0 or 1, warp-uniform
   // At 80 queries per step (kDqSwapAB) the step's peak has no register to spare: there the warp is broadcast
@@ -153,6 +163,13 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.f;
 
+  // this consumer's half of dS (queries x keys) into buffer b, visible to the other's wgmma once it has met us
+  auto store_ds = [&](const uint32_t (&dsa)[kBlockM / 16][4], int b) {
+#pragma unroll
+    for (int i = 0; i < kBlockM / 16; ++i) fc::stmatrix_x4_trans(ds_lane() + b * Cfg::kDsBytes + i * 2048, dsa[i]);
+    fc::fence_proxy_async_shared();
+  };
+
   fc::mbarrier_wait_parity(&bars.kv_full, 0);
   for (int step = 0; step < steps.count; ++step) {
     const int s = step & 1;
@@ -197,14 +214,38 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
       gemm_pv<T, kHeadDim, kBlockM>(dv, pa, desc_do_t + s * kStageStep);  // dV += P^T dO_i (A from registers)
       fc::wgmma_fence_operands(dv);
     }
+    if constexpr (kLag) {
+      // dS_i into buffer s once both consumers' last product from it (step i - 1's) is done; then dQ_{i-1} (buffer
+      // s ^ 1, stored by both in step i - 1), then dK; dQ_{i-1} is staged while dK runs. Step 0's product reads a
+      // buffer no step has stored and is discarded (issued unconditionally: behind a branch ptxas serialized every
+      // wgmma), and buffer 1's first store waits for it like any other.
+      if (step > 0) fc::mbarrier_wait_parity(&bars.ds_empty[s], ((step - 1) >> 1) & 1);
+      store_ds(dsa, s);
+      fc::mbarrier_arrive(&bars.ds_full[s]);
+      if (step > 0) fc::mbarrier_wait_parity(&bars.ds_full[s ^ 1], ((step - 1) >> 1) & 1);
+      float dq[Cfg::kDqRegs];
+      gemm_dq<Cfg, T>(dq, desc_ds + (s ^ 1) * kDsStep, desc_k_t);
+      fc::wgmma_fence_operands(dq);
+      gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);
+      fc::wgmma_fence_operands(dk);
+      fc::wgmma_wait<1>();
+      fc::wgmma_fence_operands(dv);
+      fc::wgmma_fence_operands(pa);
+      fc::wgmma_fence_operands(dq);
+      fc::mbarrier_arrive(&bars.ds_empty[s ^ 1]);
+      if (step > 0) hand_over_dq<Cfg, kDqWarp>(dq_stage, dq, g, step - 1, warp, lane());
+      fc::wgmma_wait<0>();
+      fc::wgmma_fence_operands(dk);
+      fc::wgmma_fence_operands(dsa);
+      fc::mbarrier_arrive(&bars.empty[s]);
+      continue;
+    }
     if constexpr (!kDqFirst) {
       gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);  // dK += dS^T Q_i (A from registers)
       fc::wgmma_fence_operands(dk);
     }
-    // dS (queries x keys) into buffer step % 2: both consumers' halves, then dQ_i's tile reads all of it
-#pragma unroll
-    for (int i = 0; i < kBlockM / 16; ++i) fc::stmatrix_x4_trans(ds_lane() + s * Cfg::kDsBytes + i * 2048, dsa[i]);
-    fc::fence_proxy_async_shared();
+    // dS into buffer step % 2: both consumers' halves, then dQ_i's tile reads all of it
+    store_ds(dsa, s);
     if (!kDqWarp && tid0) fc::tma_store_wait_read<0>();  // the last step's dQ tile has left the staging tile
     fc::named_barrier_sync(kDsBarrier, 2 * fc::kWarpgroupThreads);
     if constexpr (Cfg::kDqSwapAB) {
@@ -237,16 +278,7 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
       fc::wgmma_fence_operands(dsa);
       fc::mbarrier_arrive(&bars.empty[s]);  // every thread: its reads of the stage's LSE_i and D_i are done
     }
-    // dQ's tile into the staging tile, then one thread adds it (V12_BWD_DQ_WARP: the dQ warp, once it has read the
-    // last step's tile)
-    if (kDqWarp && step > 0) fc::named_barrier_sync(kDqEmpty + g, fc::kWarpgroupThreads + 32);
-    stage_dq<Cfg>(dq_stage, dq, warp, lane());
-    fc::fence_proxy_async_shared();
-    if constexpr (kDqWarp) {
-      fc::named_barrier_arrive(kDqFull + g, fc::kWarpgroupThreads + 32);
-    } else {
-      fc::named_barrier_sync(kDqBarrier + g, fc::kWarpgroupThreads);
-    }
+    hand_over_dq<Cfg, kDqWarp>(dq_stage, dq, g, step, warp, lane());
     if (!kDqWarp && tid0) reduce_add_dq_tile<Cfg>(maps, smem, g, m0, bh);
     if constexpr (kDqFirst) {
       fc::wgmma_wait<0>();  // dK (it reads Q_i) before the stage is released
@@ -256,6 +288,15 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
     }
   }
   if (!kDqWarp && tid0) fc::tma_store_wait<0>();
+  if (kLag && steps.count > 0) {  // the last step's dQ
+    const int last = steps.count - 1;
+    fc::mbarrier_wait_parity(&bars.ds_full[last & 1], (last >> 1) & 1);
+    float dq[Cfg::kDqRegs];
+    gemm_dq<Cfg, T>(dq, desc_ds + (last & 1) * kDsStep, desc_k_t);
+    fc::wgmma_wait<0>();
+    fc::wgmma_fence_operands(dq);
+    hand_over_dq<Cfg, kDqWarp>(dq_stage, dq, g, last, warp, lane());
+  }
 
   // dK = scale dS^T Q, dV = P^T dO for this warpgroup's 64 keys (rows at or past S_kv are not written)
   const size_t kv_base = static_cast<size_t>(blockIdx.y) * p.seq_len_kv * kHeadDim;
@@ -284,6 +325,8 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim, kBlockM>::kThreads, 1)
     for (int s = 0; s < 2; ++s) {
       fc::mbarrier_init(&bars.full[s], 1);
       fc::mbarrier_init(&bars.empty[s], fc::kWarpgroupThreads * Cfg::kConsumers);
+      fc::mbarrier_init(&bars.ds_full[s], fc::kWarpgroupThreads * Cfg::kConsumers);
+      fc::mbarrier_init(&bars.ds_empty[s], fc::kWarpgroupThreads * Cfg::kConsumers);
     }
     fc::fence_mbarrier_init();
   }

@@ -7,6 +7,12 @@
 #include "flashcore.h"
 #include "hopper.cuh"
 
+struct BwdBarriers {
+  uint64_t kv_full;               // K_j and V_j landed (once)
+  uint64_t full[2], empty[2];     // a stage's Q_i, dO_i, LSE_i, D_i landed / read by both consumers
+  uint64_t ds_full[2], ds_empty[2];  // V12_BWD_DQ_LAG: dS buffer b stored / read by both consumers' dQ products
+};
+
 template <int kHeadDim_, int kBlockM_>
 struct BwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
@@ -44,17 +50,13 @@ struct BwdConfig {
   static constexpr int kStatsOffset = kDqOffset + kConsumers * kDqBytes;  // stage s: lse2 [kBlockM], dsum [kBlockM]
   static constexpr int kStatsBytes = 2 * kBlockM * 4;
   static constexpr int kBarOffset = kStatsOffset + 2 * kStatsBytes;
-  static constexpr int kSmemBytes = kBarOffset + 64 + 1024;  // + alignment slack
+  static constexpr int kSmemBytes = kBarOffset + 128 + 1024;  // BwdBarriers, + alignment slack
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 && kDqBytes % 2048 == 0,
                 "swizzle alignment");
   static_assert(kBlockM % 16 == 0 && (kPadRows % kBlockM == 0 || kBlockM == kPadRows80),
                 "whole k-steps; LSE_i, D_i within the padded rows");
+  static_assert(kBarOffset % 8 == 0 && sizeof(BwdBarriers) <= 128, "mbarriers");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory: at most 227 KB per block on sm_90");
-};
-
-struct BwdBarriers {
-  uint64_t kv_full;               // K_j and V_j landed (once)
-  uint64_t full[2], empty[2];     // a stage's Q_i, dO_i, LSE_i, D_i landed / read by both consumers
 };
 
 struct BwdMaps {
