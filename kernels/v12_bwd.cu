@@ -8,42 +8,45 @@
 //   S^T  = K_j Q_i^T,  dP^T = V_j dO_i^T            wgmma, both operands from shared memory (SS)
 //   P^T  = exp2(S^T scale log2 e - LSE_i log2 e),  dS^T = P^T o (dP^T - D_i)      in registers
 //   dV  += P^T dO_i,   dK  += dS^T Q_i              wgmma, A from registers (RS), dO_i, Q_i read N-major
-//   dS   -> shared memory (stmatrix .trans: queries x keys), both consumers meet,
-//   dQ_i  = dS K_j                                  wgmma SS, K_j read N-major; each consumer one 64 x 64 tile
-// and each consumer's dQ tile, staged in shared memory, goes out by TMA reduce-add (fp32, into the accumulator every
-// key block adds to), issued by a warp of the producer warpgroup.
+//   dS   -> shared memory (stmatrix .trans: queries x keys), into one of two buffers handed over on mbarriers,
+//   dQ_{i-1} = dS_{i-1} K_j (one step late: both halves of dS_{i-1} stored in the last step)   wgmma SS
+// and each consumer's dQ tile (64 x 64), staged in shared memory, goes out by TMA reduce-add (fp32, into the
+// accumulator every key block adds to), issued by a warp of the producer warpgroup.
 // The passes around it (bwd_passes.cuh, shared with v11): prep (D = rowsum(dO o O) from the fp32 O, LSE log2 e, the
 // accumulator zeroed) and dq (the accumulator times scale, rounded). Causal (bottom-right): a key block starts at the
 // first query block that sees it; only steps crossing the diagonal are masked. dK, dV deterministic; dQ's fp32
 // additions from different key blocks in any order.
 //
 // Change from v11's backward: wgmma (HGMMA) instead of mma.sync + ldmatrix; TMA and a producer warp instead of
-// cp.async from every thread; dS stored by stmatrix .trans; dQ reduced by TMA from every step.
+// cp.async from every thread; dS stored by stmatrix .trans; dQ reduced by TMA from every step; the two consumers
+// never wait for each other within a step (dQ one step late), so one's exp2s run under the other's wgmmas.
 // Parts: v12_bwd_traits.cuh (configuration, layout), mainloop_bwd_sm90.cuh (producer, consumer step, kernel),
 // bwd_dq_sm90.cuh (dQ_i's product, staging, reduce-add, the dQ warp), bwd_passes.cuh (prep, dq), consumer_sm90.cuh
 // (the forward's GEMM and packing steps, reused).
 //
 // Configuration: 128 keys per CTA; D = 64: 128 queries per step (dQ tiles split by rows), D = 128: 64 (split by
-// columns); 2 stages of Q_i, dO_i, LSE_i, D_i; dS double-buffered; one CTA per SM (194-195 KB). dQ_i's product is
-// issued before dK's (V12_BWD_DQ_FIRST, default 1); every consumer thread arrives on a stage's empty barrier after
-// its own reads of LSE_i, D_i (racecheck found lane 0 alone racing the refill); a producer warp issues the dQ
-// reduce-adds (V12_BWD_DQ_WARP, default 1); shared memory addressed by name (fc::dynamic_smem_1024: LDS/STS, not
-// generic LD.E/ST.E).
+// columns); 2 stages of Q_i, dO_i, LSE_i, D_i; dS double-buffered; one CTA per SM (194-195 KB). dQ_{i-1}'s product
+// is issued in step i before dK_i's (V12_BWD_DQ_LAG, default 1; 0: dQ_i in step i, both consumers meeting first);
+// every consumer thread arrives on a stage's empty barrier after its own reads of LSE_i, D_i (racecheck found lane 0
+// alone racing the refill); a producer warp issues the dQ reduce-adds (V12_BWD_DQ_WARP, default 1); shared memory
+// addressed by name (fc::dynamic_smem_1024: LDS/STS, not generic LD.E/ST.E).
 //
 // Run:  flashcore test v12 && flashcore bench v12 --pass bwd --shape 2,16,4096,128
 //
 // Measured (H200, cold, the backward alone, one bench per row beside SDPA's backends; the journal of every step,
 // with its records, is docs/ladder.md "v12's backward" and the sections after it):
-// - first cut: 0.85-0.95x cuDNN; dQ first: 1.5-3.4% at two of three rows; the dQ warp: 2.6-7.1%
-//   (docs/results/h200-v12-bwd-dqwarp-2026-11-26.json); shared memory by name: 1.1-2.7%
-//   (docs/results/h200-v12-bwd-lds-2026-11-27.json). This build, us (v12 / cuDNN):
-//     2,16,4096,128   1347.9 / 1277.2: 0.95x     2,16,4096,128 causal   771.8 /  771.0: 1.00x
-//     2,16,4096,64     776.3 /  779.3: 1.00x     2,16,4096,64 causal    475.4 /  503.1: 1.06x
-//     1,16,16384,64   5927.3 / 6129.5: 1.03x     1,16,16384,128 causal 5206.0 / 5172.8: 0.99x
-//   1.61-1.86x FA2. fwd+bwd at 2,16,4096,128: 1767.9 vs cuDNN 1692.1 us (0.96x).
+// - first cut: 0.85-0.95x cuDNN; dQ first: 1.5-3.4% at two of three rows; the dQ warp: 2.6-7.1%; shared memory by
+//   name: 1.1-2.7%; the dQ lag: 7.4% at 2,16,4096,64, 4.1% at 64 causal, 7.1% at 1,16,16384,64, 1.0% and 0.3% at
+//   the causal D = 128 rows, none at 2,16,4096,128 (-1.5% to +1.4% in five runs;
+//   docs/results/h200-v12-bwd-lag-2026-11-27.json). This build, us (v12 / cuDNN):
+//     2,16,4096,128   1355.6 / 1290.7: 0.95x     2,16,4096,128 causal   762.6 /  772.1: 1.01x
+//     2,16,4096,64     720.0 /  777.5: 1.08x     2,16,4096,64 causal    455.1 /  500.0: 1.10x
+//     1,16,16384,64   5574.1 / 6083.9: 1.09x     1,16,16384,128 causal 5180.8 / 5210.2: 1.01x
+//   1.70-1.87x FA2. fwd+bwd at 2,16,4096,128: 1817.2 vs cuDNN 1693.0 us (0.93x). Back to back, where both run at
+//   the 700 W cap (~1.7 GHz), v12's backward at 2,16,4096,128 takes 1425 us, cuDNN's 1443 (scripts/power_cap.py).
 // - `flashcore test v12` 216 OK (gradients under the rule); sanitizers clean at odd causal grouped shapes; 2000
-//   random launches with gradients: 1999 OK, one dq element at 1.06x (the 16-bit dS tail of v11's backward too;
-//   docs/results/v12-bwd-checks-2026-11-27.txt).
+//   random launches with gradients all OK (worst 0.95; earlier runs met one dq element at 1.06x, the 16-bit dS tail
+//   of v11's backward too: docs/results/v12-bwd-lag-checks-2026-11-27.txt).
 // Tried, not kept (docs/ladder.md has each run):
 // - dQ added from registers by red.global.add.v2.f32: 10-15% slower than staging + TMA reduce-add.
 // - V12_BWD_OVERLAP=1 (P^T while dP^T's wgmma runs, dS^T while dV's): within 2% either way; spills at D = 64.
@@ -52,9 +55,11 @@
 // - V12_BWD_M80 (80 queries per step at D = 128, FlashAttention-3's; dQ_i computed transposed): correct, no faster
 //   in four H100 runs; needs dV awaited before dQ_i and the lane index re-read (which, everywhere, cost 6% at D = 64).
 // - v12's forward on fc::dynamic_smem_1024 too: 6% slower at 2,16,4096,128 (one H100 run).
-// Not reached: >= 1.0x cuDNN at every row (D = 128 non-causal 0.95x). ncu at 2,16,4096,128: tensor pipe 63% active,
-// 10.3 warp cycles per issued instruction (2.3 long scoreboard, 2.0 barrier, 1.7 wait, 1.2 MIO throttle)
-// (docs/results/ncu-v12-bwd-h200-2026-11-27.txt).
+// - With the lag: the consumers taking turns to issue S^T and dP^T (FA3's forward's ping-pong), within 1.4%; key
+//   block n starting at query block n (dQ adds spread over rows), 4.9% slower at D = 64, within 0.4% at 128;
+//   V12_BWD_OVERLAP=1, 2-3% slower at D = 128.
+// Not reached: >= 1.0x cuDNN at every row in the bench (2,16,4096,128 0.94-0.97x in five runs, where cuDNN's own
+// kernel reads 1238-1302 us by its place in the run: docs/ladder.md "The dQ lag").
 #include "bwd_passes.cuh"
 #include "flashcore.h"
 #include "hopper.cuh"
