@@ -114,7 +114,8 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
   constexpr bool kOverlap = V12_BWD_OVERLAP != 0 && kBlockM == 64;
   constexpr bool kDqFirst = V12_BWD_DQ_FIRST != 0, kDqWarp = V12_BWD_DQ_WARP != 0;
   constexpr bool kLag = V12_BWD_DQ_LAG != 0 && !Cfg::kDqSwapAB;
-  static_assert(!kLag || (kDqWarp && kDqFirst), "the dQ lag: with the dQ warp, dQ before dK");
+  static_assert(!kLag || (kDqWarp && kDqFirst),
+                "V12_BWD_DQ_LAG=1 needs V12_BWD_DQ_WARP=1 and V12_BWD_DQ_FIRST=1 (with either at 0, set the lag to 0)");
   const FlashcoreParams& p = b.fwd;
   const int g = __shfl_sync(0xffffffffu, threadIdx.x / fc::kWarpgroupThreads, 0) - 1;  // 0 or 1, warp-uniform
   // At 80 queries per step (kDqSwapAB) the step's peak has no register to spare: there the warp is broadcast

@@ -113,11 +113,12 @@ v12_registry() {  # v12_registry FILE NAME DEFINES SUMMARY: variants.yaml (paths
 
 v12bwd() {  # v12's backward: its test cases (gradients checked), then the backward alone and fwd+bwd at issue 30's
   # rows beside v11's, SDPA's backends and v12first (the first cut's switches: V12_BWD_OVERLAP=1,
-  # V12_BWD_DQ_FIRST=0, V12_BWD_DQ_WARP=0, an entry written for the run into out/, next to variants.yaml's copy),
+  # V12_BWD_DQ_FIRST=0, V12_BWD_DQ_WARP=0, V12_BWD_DQ_LAG=0, an entry written for the run into out/, next to
+  # variants.yaml's copy),
   # one bench run per row
   step test-v12 flashcore test v12 --json "$LOGS/test-v12.json"
   local reg=out/v12-first.yaml
-  v12_registry "$reg" v12first "V12_BWD_OVERLAP: 1, V12_BWD_DQ_FIRST: 0, V12_BWD_DQ_WARP: 0" "v12, its backward with the first cut's switches"
+  v12_registry "$reg" v12first "V12_BWD_OVERLAP: 1, V12_BWD_DQ_FIRST: 0, V12_BWD_DQ_WARP: 0, V12_BWD_DQ_LAG: 0" "v12, its backward with the first cut's switches"
   for spec in "2,16,4096,64" "2,16,4096,64 --causal" "2,16,4096,128" "2,16,4096,128 --causal" "1,16,16384,64" \
               "1,16,16384,128 --causal"; do
     for pass in bwd fwd+bwd; do
