@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashcore_cli.api import load_variant
+from flashcore_cli.measure.roofline import nvml_index
 from flashcore_cli.registry.shapes import parse_shape
 
 
@@ -29,7 +30,7 @@ def main() -> None:
     args = ap.parse_args()
     s = parse_shape(args.shape)
     pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index(torch.cuda.current_device()))  # CUDA_VISIBLE_DEVICES
     print("power limit W", pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000)
     q = torch.randn(s.batch, s.heads, s.seq_len, s.head_dim, device="cuda", dtype=torch.float16)
     k = torch.randn(s.batch, s.heads_kv, s.seq_len_kv, s.head_dim, device="cuda", dtype=torch.float16)
@@ -91,6 +92,7 @@ def main() -> None:
     finally:
         stop.set()
         thread.join()
+        pynvml.nvmlShutdown()
 
 
 if __name__ == "__main__":

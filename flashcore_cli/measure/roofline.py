@@ -61,7 +61,7 @@ def device_peaks(device: int = 0) -> Peaks | None:
     try:
         pynvml.nvmlInit()
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(_nvml_index(device))
+            handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index(device))
             sm_clock = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
             mem_clock = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
             bus_width = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
@@ -73,7 +73,7 @@ def device_peaks(device: int = 0) -> Peaks | None:
     return Peaks(props.multi_processor_count, int(sm_clock), int(mem_clock), int(bus_width), rate)
 
 
-def _nvml_index(device: int) -> int:
+def nvml_index(device: int) -> int:
     """NVML numbers GPUs by PCI order; CUDA_VISIBLE_DEVICES renumbers them for CUDA: map the first visible one."""
     import os
 
