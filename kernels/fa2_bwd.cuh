@@ -53,12 +53,14 @@ __device__ __forceinline__ void mask_causal_t(float (&s)[Cfg::kMTiles][Cfg::kNTi
       }
 }
 
-// S^T = K_j Q_i^T (or dP^T = V_j dO_i^T) for 32 keys per warp: the warp's kMTiles m16 tiles of keys (A, re-read
-// at a_lane) against one slice of kSliceM queries (B, from b_lane).
+// S^T = K_j Q_i^T (or dP^T = V_j dO_i^T) for 32 keys per warp at D = 64 (warp pairs at D = 128 take warp_scores):
+// the warp's kMTiles m16 tiles of keys (A, re-read at a_lane) against one slice of kSliceM queries (B, from b_lane).
 // Unlike warp_scores, the B ldmatrix takes the A and .trans fragments' lane addressing, row (lane % 8) + 8 ((lane
 // / 8) % 2) and chunk half lane / 16, so b_lane is accumulate_t's b_lane and the chunk offsets are its offsets:
 // fewer live registers beside 128 floats of dK, dV. Lane groups 0..3 then read (queries 0-7, d 0-7), (8-15, 0-7),
-// (0-7, 8-15), (8-15, 8-15): n8 tile 2 np takes b[0], b[2] and tile 2 np + 1 takes b[1], b[3].
+// (0-7, 8-15), (8-15, 8-15): n8 tile 2 np takes b[0], b[2] and tile 2 np + 1 takes b[1], b[3], which are not
+// neighbouring registers as mma's B operand needs, so ptxas adds two moves per mma (238 per step; kept here, since
+// warp_scores' addressing spills this kernel).
 template <class Cfg, class T>
 __device__ __forceinline__ void scores_t(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4], uint32_t a_lane, uint32_t b_lane,
                                          int lane) {

@@ -116,13 +116,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     for (int slice = 0; slice < Cfg::kSlices; ++slice) {
       const int q0 = (Cfg::kDHalves == 2 ? d_half : slice) * Cfg::kSliceM;
       // S^T = K_j Q_i^T, dP^T = V_j dO_i^T (kWarpKeys keys x kSliceM queries per warp)
+      // warp_scores' B fragments come out of ldmatrix in mma order; scores_t's share accumulate_t's lane addresses and
+      // need two register moves per mma (ptxas: 237 per step at D = 128, where they cost 5% of the backward).
       float st[Cfg::kMTiles][Cfg::kNTiles][4], dpt[Cfg::kMTiles][Cfg::kNTiles][4];
-      if constexpr (Cfg::kWarpKeys == 16) {
-        const uint32_t q_lane = fc::smem_addr(q_stage(s)) + b_row * Cfg::kRowBytes;
-        const uint32_t do_lane = fc::smem_addr(do_stage(s)) + b_row * Cfg::kRowBytes;
+      if constexpr (Cfg::kWarpKeys == 16 || Cfg::kDHalves == 2) {
+        const uint32_t q_lane = fc::smem_addr(q_stage(s)) + (b_row + q0) * Cfg::kRowBytes;
+        const uint32_t do_lane = fc::smem_addr(do_stage(s)) + (b_row + q0) * Cfg::kRowBytes;
         fc::warp_scores<Cfg, T>(st, k_frag, k_lane, q_lane, lane);
         fc::warp_scores<Cfg, T>(dpt, v_frag, v_lane, do_lane, lane);
-      } else {  // B addressed as in accumulate_t below (scores_t)
+      } else {  // D = 64, 32 keys per warp: warp_scores' addresses take 5 more registers there and spill (20 B)
         fc::scores_t<Cfg, T>(st, k_lane, fc::smem_addr(q_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
         fc::scores_t<Cfg, T>(dpt, v_lane, fc::smem_addr(do_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
       }
