@@ -225,21 +225,40 @@ __device__ __forceinline__ void red_add_dq(float* dq_accum, const float (&acc)[C
 
 // sm_90: the warp's dQ partial into the staging tile ([D / 32][kBlockM][32] fp32: panels of 32 columns, 128-byte
 // rows with the 16-byte chunks XORed by row % 8, the layout a 128-byte-swizzled TMA box reads), so the eight rows a
-// store instruction writes land in eight bank groups.
+// store instruction writes land in eight bank groups. d_tile0 is a multiple of 4 (n8 tiles 4p .. 4p + 3 make panel p),
+// so a lane's row % 8 is g and its chunk within the panel 2 (j % 4) + t / 2: every address is one base plus a
+// compile-time offset and one of four XORed chunk terms. Computed per store from the column with signed division and
+// modulo, as Cfg::kDqStagePerStore keeps it (below), they cost ~136 more instructions per step at both head dims
+// (ptxas); that configuration (D = 64, 32 keys per warp, 255 registers) spills 4-8 bytes with the base held.
 template <class Cfg>
 __device__ __forceinline__ void stage_dq(float* dq_s, const float (&acc)[Cfg::kDqTiles][4], int mtile, int d_tile0,
                                          int lane) {
-  unsigned char* base = reinterpret_cast<unsigned char*>(dq_s);
+  static_assert(Cfg::kDqTiles % 4 == 0, "whole 32-column panels per warp");
   const int g = lane >> 2, t = lane & 3;
+  unsigned char* tile = reinterpret_cast<unsigned char*>(dq_s);
+  if constexpr (Cfg::kDqStagePerStore) {
 #pragma unroll
-  for (int j = 0; j < Cfg::kDqTiles; ++j) {
-    const int col = 8 * (d_tile0 + j) + 2 * t;  // this lane's two columns
-    const int panel = col / 32, chunk = (col % 32) / 4;
+    for (int j = 0; j < Cfg::kDqTiles; ++j) {
+      const int col = 8 * (d_tile0 + j) + 2 * t;  // this lane's two columns
+      const int panel = col / 32, chunk = (col % 32) / 4;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = 16 * mtile + g + 8 * h;
-      *reinterpret_cast<float2*>(base + panel * Cfg::kBlockM * 128 + row * 128 + ((chunk ^ (row & 7)) << 4) +
-                                 8 * (t & 1)) = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+      for (int h = 0; h < 2; ++h) {
+        const int row = 16 * mtile + g + 8 * h;
+        *reinterpret_cast<float2*>(tile + panel * Cfg::kBlockM * 128 + row * 128 + ((chunk ^ (row & 7)) << 4) +
+                                   8 * (t & 1)) = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+      }
+    }
+  } else {
+    const int xor_term = (t >> 1) ^ g;  // (2 (j % 4) + t / 2) XOR g, less the 2 (j % 4)
+    unsigned char* base = tile + (d_tile0 / 4) * Cfg::kBlockM * 128 + (16 * mtile + g) * 128 + 8 * (t & 1);
+#pragma unroll
+    for (int j = 0; j < Cfg::kDqTiles; ++j) {
+      const int chunk = (2 * (j % 4)) ^ xor_term;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        *reinterpret_cast<float2*>(base + (j / 4) * Cfg::kBlockM * 128 + h * 8 * 128 + (chunk << 4)) =
+            make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+      }
     }
   }
 }

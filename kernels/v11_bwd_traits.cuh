@@ -56,6 +56,9 @@ struct V11BwdConfig {
   // fp32 panels [32 columns][kBlockM rows], 128-byte swizzled) instead of red.add from every lane.
   static constexpr bool kTmaDq = fc::kBuildsSm90;
   static constexpr int kDqPanels = kHeadDim / 32;
+  // How fa2_bwd.cuh's stage_dq addresses the staging tile: per store from the column (D = 64 at 32 keys per warp,
+  // where the held base spills), or one base plus compile-time offsets (136 fewer instructions per step).
+  static constexpr bool kDqStagePerStore = kWarpKeys == 32 && kDHalves == 1;
   // Shared memory: K_j | V_j | dQ staging (sm_90) | (Q_i, dO_i) x 2 stages | dS^T | P^T (kDHalves = 2) |
   // (LSE_i log2 e, D_i) x 2.
   static constexpr int kKvBytes = kBlockN * kRowBytes;
