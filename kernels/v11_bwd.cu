@@ -45,9 +45,12 @@
 // to 2556 us and causal from 1543 to 1504 (FA2 2397 and 1468: 0.94x and 0.98x; a ~10% gain was predicted from
 // the traffic, docs/ladder.md says where it went). Tried and not kept: 64-key warp-pair CTAs, two per SM, dQ by
 // red.add (no room for the staging tile): 3221 us against 2571 (causal 1841 against 1529), same run.
-// Where the time went before (ncu on the H200, 16 keys per warp at 2,16,4096,64): tensor pipe 36% busy, the
-// L1/shared-memory pipe 76.5%, 8 warps per SM with 0.42 eligible per scheduler: shared-memory traffic per FLOP
-// (each warp re-reading all of Q_i and dO_i for 16 keys) and barriers with no other CTA to fill them.
+// Instructions (2026-11-27; ncu beside FA2's kernel at 2,16,4096,128: same HMMA count, 1.39x the instructions):
+// the warp pairs' S^T, dP^T now load B fragments in mma order (warp_scores) instead of scores_t's, which cost two
+// register moves per mma (237 per step), and stage_dq's addresses are one base plus constants (136 fewer): 2,16,
+// 4096,128 from 2546 to 2408 us, causal from 1503 to 1423 (H200, same run; FA2 2417 and 1432: 1.004x, 1.006x).
+// Tried and not kept: dQ one step late with the pairs meeting only each other (v12's lag): 2530 against 2531 us;
+// with half the pairs taking dQ first, 2619 (H100, same run). docs/ladder.md, "Instructions, counted".
 // Tried and not kept (same run, 2,16,4096,64, 16 keys per warp): 64 keys x 4 warps (2 CTAs/SM) 1554 vs 1486
 // us; 32 queries per step 1782. The TMA reduce-add is no faster at D=64 (1509 us in a later run against
 // red.add's 1486); it stays, one dQ path for sm_90, since with the 128 x 64 tile it took D=128 from 3199 to
