@@ -229,7 +229,7 @@ __device__ __forceinline__ void red_add_dq(float* dq_accum, const float (&acc)[C
 // so a lane's row % 8 is g and its chunk within the panel 2 (j % 4) + t / 2: every address is one base plus a
 // compile-time offset and one of four XORed chunk terms. Computed per store from the column with signed division and
 // modulo, as Cfg::kDqStagePerStore keeps it (below), they cost ~136 more instructions per step at both head dims
-// (ptxas); that configuration (D = 64, 32 keys per warp, 255 registers) spills 4-8 bytes with the base held.
+// (SASS); that configuration (D = 64, 32 keys per warp, 255 registers) spills 4-8 bytes with the base held.
 template <class Cfg>
 __device__ __forceinline__ void stage_dq(float* dq_s, const float (&acc)[Cfg::kDqTiles][4], int mtile, int d_tile0,
                                          int lane) {

@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       const int q0 = (Cfg::kDHalves == 2 ? d_half : slice) * Cfg::kSliceM;
       // S^T = K_j Q_i^T, dP^T = V_j dO_i^T (kWarpKeys keys x kSliceM queries per warp)
       // warp_scores' B fragments come out of ldmatrix in mma order; scores_t's share accumulate_t's lane addresses and
-      // need two register moves per mma (ptxas: 237 per step at D = 128, where they cost 5% of the backward).
+      // need two register moves per mma (SASS: 237 per step at D = 128, where they cost 5% of the backward).
       float st[Cfg::kMTiles][Cfg::kNTiles][4], dpt[Cfg::kMTiles][Cfg::kNTiles][4];
       if constexpr (Cfg::kWarpKeys == 16 || Cfg::kDHalves == 2) {
         const uint32_t q_lane = fc::smem_addr(q_stage(s)) + (b_row + q0) * Cfg::kRowBytes;

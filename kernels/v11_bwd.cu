@@ -47,8 +47,8 @@
 // red.add (no room for the staging tile): 3221 us against 2571 (causal 1841 against 1529), same run.
 // Instructions (2026-11-27; ncu beside FA2's kernel at 2,16,4096,128: same HMMA count, 1.39x the instructions):
 // the warp pairs' S^T, dP^T now load B fragments in mma order (warp_scores) instead of scores_t's, which cost two
-// register moves per mma (237 per step), and stage_dq's addresses are one base plus constants (136 fewer): 2,16,
-// 4096,128 from 2546 to 2408 us, causal from 1503 to 1423 (H200, same run; FA2 2417 and 1432: 1.004x, 1.006x).
+// register moves per mma (237 per step), and stage_dq's addresses are one base plus constants (136 fewer):
+// 2,16,4096,128 from 2546 to 2408 us, causal from 1503 to 1423 (H200, same run; FA2 2417 and 1432: 1.004x, 1.006x).
 // Tried and not kept: dQ one step late with the pairs meeting only each other (v12's lag): 2530 against 2531 us;
 // with half the pairs taking dQ first, 2619 (H100, same run). docs/ladder.md, "Instructions, counted".
 // Tried and not kept (same run, 2,16,4096,64, 16 keys per warp): 64 keys x 4 warps (2 CTAs/SM) 1554 vs 1486
