@@ -13,10 +13,10 @@ import time
 
 import pynvml
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashcore_cli.api import load_variant
+from flashcore_cli.measure.references import sdpa_training_call
 from flashcore_cli.measure.roofline import nvml_index
 from flashcore_cli.registry.shapes import parse_shape
 
@@ -42,13 +42,8 @@ def main() -> None:
     def ours():
         attn.backward(d_o, q, k, v, out, lse, causal=args.causal, out_residual=res)
 
-    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        o_cudnn = F.scaled_dot_product_attention(qg, kg, vg, is_causal=args.causal,
-                                                 enable_gqa=s.heads != s.heads_kv)
-
-    def cudnn():
-        torch.autograd.grad(o_cudnn, (qg, kg, vg), d_o, retain_graph=True)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):  # the bench's sdpa-cudnn row: bottom-right causal, grouped heads
+        cudnn = sdpa_training_call(q, k, v, args.causal, "bwd", SDPBackend.CUDNN_ATTENTION)
 
     samples, stop = [], threading.Event()
 

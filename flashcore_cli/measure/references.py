@@ -35,7 +35,7 @@ def reference_functions(q, k, v, causal: bool, passes: str = "fwd"):
     def sdpa_rows(label, backend):
         if passes == "fwd":
             return lambda: sdpa_forward(q, k, v, causal, None)
-        return _sdpa_training_call(q, k, v, causal, passes, backend)
+        return sdpa_training_call(q, k, v, causal, passes, backend)
 
     rows = [(SDPA_DEFAULT, sdpa_rows(SDPA_DEFAULT, None), contextlib.nullcontext(), "")]
     for label, backend in (
@@ -79,7 +79,7 @@ def reference_functions(q, k, v, causal: bool, passes: str = "fwd"):
     return rows
 
 
-def _sdpa_training_call(q, k, v, causal: bool, passes: str, backend):
+def sdpa_training_call(q, k, v, causal: bool, passes: str, backend):
     """SDPA's backward (bwd: from one saved forward, the graph retained) or forward and backward (fwd+bwd), as
     a zero-argument call: torch.autograd.grad of the output for a fixed random dO."""
     import torch
