@@ -233,18 +233,16 @@ static const char* allow_smem_once() {
   return ready ? nullptr : fc::allow_dynamic_smem(kKernel, kBytes);
 }
 
-// K or V, [B * H_kv][S_kv][D], as a 3-D map with boxes of 64 columns x Bc keys (one panel), swizzled 128
-// bytes, zeros past S_kv. False when the driver refuses it: the caller then takes the cp.async kernel.
+// K or V, [B * H_kv][S_kv][D], as hopper.cuh's panel map: one box is a whole tile, Bc keys x D/64 panels of
+// 64 columns, swizzled 128 bytes, zeros past S_kv; L2 promotion 128 B. (The 3-D map with a box per panel and
+// 256-byte promotion that this replaced streamed 4.3 against 4.5 TB/s: docs/ladder.md, "Load forms".) False
+// when the driver refuses it: the caller then takes the cp.async kernel.
 template <class Cfg, class T>
 static bool encode_kv_map(CUtensorMap* map, const void* base, const FlashcoreParams& p) {
   constexpr auto type =
       std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const cuuint64_t row_bytes = Cfg::kHeadDim * sizeof(T);
-  return fc::encode_tensor_map<3>(map, type, base,
-                                  {static_cast<cuuint64_t>(Cfg::kHeadDim), static_cast<cuuint64_t>(p.seq_len_kv),
-                                   static_cast<cuuint64_t>(p.batch) * p.heads_kv},
-                                  {row_bytes, row_bytes * p.seq_len_kv}, {64, Cfg::kBlockN, 1},
-                                  CU_TENSOR_MAP_SWIZZLE_128B);
+  return fc::encode_panel_map(map, type, base, p.batch * p.heads_kv, p.seq_len_kv, Cfg::kHeadDim, Cfg::kBlockN,
+                              Cfg::kPanels);
 }
 
 // The split kernel by TMA; *launched stays false when the maps cannot be made (no error: cp.async then).

@@ -5,8 +5,8 @@
 // Tile t of the run sits in stage t % kStages; its lap t / kStages gives the parity of both waits.
 //
 // Two loaders fill the same layout:
-//   load_tiles_tma       sm_90: one lane issues, per stage, one 3-D TMA box (64 columns x kBlockN keys, 128-byte
-//                        swizzle) per panel of K and of V onto full[s], armed with the stage's byte count
+//   load_tiles_tma       sm_90: one lane issues, per stage, one 4-D TMA box of K and one of V (kBlockN keys x
+//                        D/64 panels of 64 columns, 128-byte swizzle) onto full[s], armed with the stage's byte count
 //                        (full[s] expects 1 arrival). No load instruction per 16 bytes, nothing for the
 //                        warps to issue: the whole ring is in flight at the cost of a few instructions.
 //   load_tiles_cp_async  any sm_80+: the 32 lanes copy the stage with 16-byte cp.async and arrive on full[s]
@@ -24,8 +24,8 @@
 
 namespace fc::decode {
 
-// tiles [tile_begin, tile_end) of K/V head kv_head, by TMA: the maps are [B * H_kv][S_kv][D] with boxes of
-// 64 x kBlockN x 1 (see decode.cu's encode_kv_map). Called by one lane.
+// tiles [tile_begin, tile_end) of K/V head kv_head, by TMA: the maps are hopper.cuh's panel maps of
+// [B * H_kv][S_kv][D], one box per tile (see decode.cu's encode_kv_map). Called by one lane.
 template <class Cfg>
 __device__ __forceinline__ void load_tiles_tma(unsigned char* ring, uint64_t* full, uint64_t* empty,
                                                const CUtensorMap* map_k, const CUtensorMap* map_v, int kv_head,
@@ -36,12 +36,8 @@ __device__ __forceinline__ void load_tiles_tma(unsigned char* ring, uint64_t* fu
     if (tile - tile_begin >= Cfg::kStages) fc::mbarrier_wait_parity(&empty[stage], phase ^ 1);  // last lap's reads
     unsigned char* k_s = ring + stage * Cfg::kStageBytes;
     fc::mbarrier_arrive_expect_bytes(&full[stage], Cfg::kStageBytes);
-#pragma unroll
-    for (int panel = 0; panel < Cfg::kPanels; ++panel) {
-      fc::tma_load_3d(k_s + panel * Cfg::kPanelBytes, map_k, 64 * panel, tile * Cfg::kBlockN, kv_head, &full[stage]);
-      fc::tma_load_3d(k_s + Cfg::kKvBytes + panel * Cfg::kPanelBytes, map_v, 64 * panel, tile * Cfg::kBlockN, kv_head,
-                      &full[stage]);
-    }
+    fc::tma_load_4d(k_s, map_k, 0, tile * Cfg::kBlockN, 0, kv_head, &full[stage]);
+    fc::tma_load_4d(k_s + Cfg::kKvBytes, map_v, 0, tile * Cfg::kBlockN, 0, kv_head, &full[stage]);
     if (++stage == Cfg::kStages) {
       stage = 0;
       phase ^= 1;
