@@ -36,19 +36,20 @@
 //   decode_split_kv<64>      114 | 120             decode_split_kv<128>      168 | 168
 //   decode_combine<64|128>    40 | 44, 6 KB of static shared memory (one CTA of 128 threads per query row)
 //
-// Measured (H200, `flashcore bench decode v11 [v12] --shape ...`, cold mode; the record docs/results/h200.json;
-// GB/s = Q, K, V, O bytes / time, K and V nearly all of it; a device copy moves 4.25 TB/s read + write):
-//   shape (B,H:H_kv,S:S_kv,D)   decode               SDPA cuDNN          vs cuDNN   target
-//   8,32:8,1:8192,128           79.0 us, 3401 GB/s   81.3 us, 3302       1.03x      >= 3.8 TB/s: not met
-//   64,32:8,1:4096,128          262.4 us, 4096 GB/s  252.2 us, 4262      0.96x      >= 1.0x cuDNN: not met
-//   1,32:8,1:131072,128         143.2 us, 3748 GB/s  142.7 us, 3762      1.00x      >= 3.8 TB/s: not met
-//   16,64:8,1:16384,128         264.1 us, 4068 GB/s  255.6 us, 4202      0.97x      >= 1.0x cuDNN: not met
-//   4,32:8,4:16384,128          80.5 us, 3339 GB/s   204.8 us, 1312      2.54x      >= 2.5x cuDNN: met
-// Where the rest goes (docs/ladder.md, "Profiled and swept"): ncu on the H200 has the split kernel alone streaming
-// K/V at 96-99% of what the GPU reads (8,32:8,1:8192,128: 66.2 us, 4.09 TB/s); the small rows lose the rest to the
-// cold-mode launch floor (~3.5 us), the ramp of the CTAs and the combine. Sweeping the split count and the ring
-// depth on the H100 gained 0.3-1.5% at best, within or at the edge of the p10-p90 spread, so the plan's constants
-// stand; the two single-split shapes (B64, B16 H64) still trail cuDNN by 3-4%.
+// Measured (H200, `flashcore bench decode v11 v12 --shape ...`, cold mode; the record docs/results/h200.json;
+// GB/s = Q, K, V, O bytes / time, K and V nearly all of it):
+//   shape (B,H:H_kv,S:S_kv,D)   decode               SDPA cuDNN          vs cuDNN   3.8 TB/s
+//   64,32:8,1:4096,128          248.0 us, 4333 GB/s  249.3 us, 4311      1.01x      met
+//   8,32:8,1:8192,128           76.2 us, 3526 GB/s   78.6 us, 3416       1.03x      not met (see below)
+//   16,64:8,1:16384,128         247.1 us, 4348 GB/s  247.7 us, 4337      1.00x      met
+//   1,32:8,1:131072,128         135.6 us, 3960 GB/s  136.8 us, 3924      1.01x      met
+//   4,32:8,4:16384,128          77.8 us, 3454 GB/s   203.3 us, 1322      2.61x      not met (see below)
+// K/V come through hopper.cuh's panel maps with 128-byte L2 promotion: the 3-D maps with a box per panel and
+// 256-byte promotion before them streamed 4.27 against 4.46 TB/s (scripts/stream_probe.cu) and made the
+// one-split rows 5-6% slower (261.1 and 263.9 us in one run). Tried, not kept: L2::evict_first on the K/V
+// loads, ~2% slower at every row. The two 268 MB rows miss 3.8 TB/s in the bench's cold mode because its
+// flush leaves the L2 full of dirty lines: a plain read of the same bytes gets 3428 GB/s there and 3823 after
+// a clean flush (scripts/cold_flush.py). docs/ladder.md, decode, "Load forms and the cold flush".
 #include "flashcore.h"
 #include "decode_combine.cuh"
 #include "decode_load.cuh"
