@@ -48,8 +48,8 @@
 // 256-byte promotion before them streamed 4.27 against 4.46 TB/s (scripts/stream_probe.cu) and made the
 // one-split rows 5-6% slower (261.1 and 263.9 us in one run). Tried, not kept: L2::evict_first on the K/V
 // loads, ~2% slower at every row. The two 268 MB rows miss 3.8 TB/s in the bench's cold mode because its
-// flush leaves the L2 full of dirty lines: a plain read of the same bytes gets 3428 GB/s there and 3823 after
-// a clean flush (scripts/cold_flush.py). docs/ladder.md, decode, "Load forms and the cold flush".
+// flush leaves the L2 full of dirty lines: a plain read of the same bytes gets 3428 GB/s there, and decode
+// 3995 and 3913 after a clean flush (scripts/cold_flush.py). docs/ladder.md, decode, "Load forms and the cold flush".
 #include "flashcore.h"
 #include "decode_combine.cuh"
 #include "decode_load.cuh"
