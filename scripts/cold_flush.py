@@ -15,10 +15,10 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashcore_cli.api import load_variant
+from flashcore_cli.check.case import sdpa as sdpa_forward
 from flashcore_cli.measure import blocking_start
 from flashcore_cli.measure.timing import L2Flusher, gated_us
 
@@ -58,10 +58,7 @@ for B, H, Hkv, S, Skv in SHAPES:
     io_bytes = kv_bytes + 2 * q.numel() * 2
     calls = {n: (lambda a=a: a(q, k, v, causal=False)) for n, a in variants.items()}
 
-    def cudnn():
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-
-    calls["cudnn"] = cudnn
+    calls["cudnn"] = lambda: sdpa_forward(q, k, v, False, None)  # the bench's SDPA call, in the cuDNN backend below
     calls["read"] = lambda: x.sum(dtype=torch.float32)
     label = f"{B},{H}:{Hkv},{S}:{Skv},{D}"
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):

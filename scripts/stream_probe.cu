@@ -46,8 +46,7 @@ __device__ __forceinline__ void tma3(void* dst, const CUtensorMap* m, int c0, in
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
                  ::"r"(fc::smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(fc::smem_addr(bar)), "l"(pol) : "memory");
   else
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-                 ::"r"(fc::smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(fc::smem_addr(bar)) : "memory");
+    fc::tma_load_3d(dst, m, c0, c1, c2, bar);
 }
 template <int kHint>
 __device__ __forceinline__ void tma4(void* dst, const CUtensorMap* m, int c0, int c1, int c2, int c3, uint64_t* bar, uint64_t pol) {
@@ -55,8 +54,7 @@ __device__ __forceinline__ void tma4(void* dst, const CUtensorMap* m, int c0, in
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n"
                  ::"r"(fc::smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(fc::smem_addr(bar)), "l"(pol) : "memory");
   else
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
-                 ::"r"(fc::smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(fc::smem_addr(bar)) : "memory");
+    fc::tma_load_4d(dst, m, c0, c1, c2, c3, bar);
 }
 template <int kHint>
 __device__ __forceinline__ void bulk(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
@@ -64,8 +62,7 @@ __device__ __forceinline__ void bulk(void* dst, const void* src, uint32_t bytes,
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
                  ::"r"(fc::smem_addr(dst)), "l"(src), "r"(bytes), "r"(fc::smem_addr(bar)), "l"(pol) : "memory");
   else
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(fc::smem_addr(dst)), "l"(src), "r"(bytes), "r"(fc::smem_addr(bar)) : "memory");
+    fc::bulk_load(dst, src, bytes, bar);
 }
 
 // CTA c streams keys [split * keys, (split + 1) * keys) of head c / splits.
