@@ -22,6 +22,26 @@ __device__ __forceinline__ BwdBarriers& bwd_barriers() {
   return *reinterpret_cast<BwdBarriers*>(v12_bwd_smem() + Cfg::kBarOffset);
 }
 
+// The producer: round r's tile index (>= bwd_tiles: none left) into slot r % 2 once every reader has taken round
+// r - 2's from it.
+template <class Cfg>
+__device__ __forceinline__ void bwd_publish_tile(int round, int t) {
+  BwdBarriers& bars = bwd_barriers<Cfg>();
+  fc::mbarrier_wait_parity(&bars.tile_empty[round & 1], ((round >> 1) & 1) ^ 1);
+  *reinterpret_cast<volatile int*>(&bars.tile_slot[round & 1]) = t;
+  fc::mbarrier_arrive(&bars.tile_full[round & 1]);
+}
+
+// Every other role: round r's tile index, as the producer published it.
+template <class Cfg>
+__device__ __forceinline__ int bwd_next_tile(int round) {
+  BwdBarriers& bars = bwd_barriers<Cfg>();
+  fc::mbarrier_wait_parity(&bars.tile_full[round & 1], (round >> 1) & 1);
+  const int t = *reinterpret_cast<volatile int*>(&bars.tile_slot[round & 1]);
+  fc::mbarrier_arrive(&bars.tile_empty[round & 1]);
+  return t;
+}
+
 // Consumer g's staged dQ tile (two panels of [kDqRows rows][32 fp32], 128-byte swizzled) reduce-added by TMA into
 // the fp32 accumulator at query rows m0.. of head bh, as one bulk group; one thread calls it.
 template <class Cfg>
@@ -36,26 +56,35 @@ __device__ __forceinline__ void reduce_add_dq_tile(const BwdMaps& maps, unsigned
   fc::tma_store_commit();
 }
 
-// V12_BWD_DQ_WARP: warp 1 of the producer warpgroup. For every step and consumer: wait until the consumer has
-// staged its dQ tile, let lane 0 reduce-add it by TMA, and once the copy has read the staging tile (not before
-// the next step's, so every tile but the last) tell the consumer it may write the next one.
+// V12_BWD_DQ_WARP: warp 1 of the producer warpgroup. For every step of every tile of the CTA and each consumer:
+// wait until the consumer has staged its dQ tile and let lane 0 reduce-add it by TMA; before the next step's, once
+// the copies have read the staging tiles, tell the consumers they may write the next ones.
 template <class Cfg>
 __device__ __forceinline__ void bwd_dq_writer(const FlashcoreBackwardParams& b, const BwdMaps& maps) {
   unsigned char* smem = v12_bwd_smem();
-  const BwdSteps steps = bwd_steps<Cfg::kBlockN, Cfg::kBlockM>(b.fwd, blockIdx.x, blockIdx.y);
   const bool leader = threadIdx.x % 32 == 0;
-  for (int step = 0; step < steps.count; ++step) {
-    const int bh = steps.bh(step), m0 = steps.m0(step, Cfg::kBlockM);
+  const int tiles = bwd_tiles<Cfg::kBlockN>(b.fwd);
+  int it = 0;  // the CTA's steps so far, over its tiles
+  for (int round = 0;; ++round) {
+    const int t = bwd_next_tile<Cfg>(round);
+    if (t >= tiles) break;
+    const BwdTile tile = bwd_tile_at<Cfg::kBlockN>(b.fwd, t, gridDim.x);
+    const BwdSteps steps = bwd_steps<Cfg::kBlockN, Cfg::kBlockM>(b.fwd, tile.n_block, tile.bh_kv);
+    int bh = steps.bh0, m = steps.m_first;
+#pragma unroll 1
+    for (int step = 0; step < steps.count; ++step, ++it, steps.advance(bh, m)) {
+      const int m0 = m * Cfg::kBlockM;
+      if (it > 0) {  // the last step's tiles read: the consumers may stage this step's
+        if (leader) fc::tma_store_wait_read<0>();
+        __syncwarp();
 #pragma unroll
-    for (int g = 0; g < Cfg::kConsumers; ++g) {
-      fc::named_barrier_sync(kDqFull + g, fc::kWarpgroupThreads + 32);
-      if (leader) reduce_add_dq_tile<Cfg>(maps, smem, g, m0, bh);
-    }
-    if (step + 1 < steps.count) {
-      if (leader) fc::tma_store_wait_read<0>();
-      __syncwarp();
+        for (int g = 0; g < Cfg::kConsumers; ++g) fc::named_barrier_arrive(kDqEmpty + g, fc::kWarpgroupThreads + 32);
+      }
 #pragma unroll
-      for (int g = 0; g < Cfg::kConsumers; ++g) fc::named_barrier_arrive(kDqEmpty + g, fc::kWarpgroupThreads + 32);
+      for (int g = 0; g < Cfg::kConsumers; ++g) {
+        fc::named_barrier_sync(kDqFull + g, fc::kWarpgroupThreads + 32);
+        if (leader) reduce_add_dq_tile<Cfg>(maps, smem, g, m0, bh);
+      }
     }
   }
   if (leader) fc::tma_store_wait<0>();
@@ -109,7 +138,7 @@ __device__ __forceinline__ void stage_dq(unsigned char* dq_stage, const float (&
   }
 }
 
-// Consumer g's dQ tile k (of step k) into its staging tile, then handed on: with the dQ warp (V12_BWD_DQ_WARP) once
+// Consumer g's k-th dQ tile in the CTA into its staging tile, then handed on: with the dQ warp (V12_BWD_DQ_WARP) once
 // that warp has read tile k - 1, and arriving for it; without it, the warpgroup meets and its thread 0 adds the tile.
 template <class Cfg, bool kDqWarp>
 __device__ __forceinline__ void hand_over_dq(unsigned char* dq_stage, const float (&dq)[Cfg::kDqRegs], int g, int k,

@@ -1,7 +1,7 @@
 // bwd_passes.cuh — what every backward shares around its main kernel: the workspace carved from the binding's
-// scratch (the fp32 dQ accumulator, LSE * log2 e and D), the prep pass before the main kernel (D = rowsum(dO o O),
-// LSE in log2 units, the accumulator zeroed) and the pass after it that rounds dQ. v11's backward (mma.sync) and
-// v12's (wgmma) launch the same two passes around their main kernels.
+// scratch (the fp32 dQ accumulator, LSE * log2 e and D, a tile counter), the prep pass before the main kernel
+// (D = rowsum(dO o O), LSE in log2 units, the accumulator and counter zeroed) and the pass after it that rounds dQ.
+// v11's backward (mma.sync) and v12's (wgmma) launch the same two passes around their main kernels.
 #pragma once
 
 #include "fa2_mma.cuh"
@@ -18,11 +18,13 @@ constexpr float kBwdLog2e = 1.4426950408889634f;
 // kPadRows80 (v12's 80-query step at D = 128): the last step of any main kernel reads rows within the padding.
 constexpr int kPadRows = 128, kPadRows80 = 80;
 
-// Workspace: the fp32 dQ accumulator [B, H, S, D], then LSE * log2 e and D, each [B, H, S_pad] fp32.
+// Workspace: the fp32 dQ accumulator [B, H, S, D], then LSE * log2 e and D, each [B, H, S_pad] fp32, then the
+// persistent main kernels' tile counter (zeroed by prep).
 struct Workspace {
   float* dq_accum;
   float* lse2;
   float* dsum;
+  int* tile_counter;
   int padded_rows;  // S_pad
 };
 
@@ -41,6 +43,8 @@ inline size_t stats_bytes(const FlashcoreParams& p) {
   return align256(static_cast<size_t>(p.batch) * p.heads * padded_rows(p.seq_len) * 4);
 }
 
+inline size_t workspace_bytes(const FlashcoreParams& p) { return dq_accum_bytes(p) + 2 * stats_bytes(p) + 256; }
+
 inline Workspace carve(const FlashcoreBackwardParams& b) {
   unsigned char* base = static_cast<unsigned char*>(b.workspace);
   Workspace w;
@@ -48,11 +52,12 @@ inline Workspace carve(const FlashcoreBackwardParams& b) {
   w.dq_accum = reinterpret_cast<float*>(base);
   w.lse2 = reinterpret_cast<float*>(base + dq_accum_bytes(b.fwd));
   w.dsum = reinterpret_cast<float*>(base + dq_accum_bytes(b.fwd) + stats_bytes(b.fwd));
+  w.tile_counter = reinterpret_cast<int*>(base + dq_accum_bytes(b.fwd) + 2 * stats_bytes(b.fwd));
   return w;
 }
 
 // ---- prep: D = rowsum(dO o O) - dLSE (O + its residual where the forward wrote one), LSE log2 e (padding rows:
-// D = 0, LSE = +inf), dQ accumulator = 0 ----
+// D = 0, LSE = +inf), dQ accumulator = 0, tile counter = 0 ----
 // One thread per 8 elements of a row; the kChunks threads of a row are consecutive lanes.
 template <int kHeadDim, class T>
 __global__ void __launch_bounds__(256) bwd_prep(FlashcoreBackwardParams b, Workspace w) {
@@ -64,6 +69,7 @@ __global__ void __launch_bounds__(256) bwd_prep(FlashcoreBackwardParams b, Works
   const long long bh = row_flat / w.padded_rows;
   const int row = static_cast<int>(row_flat % w.padded_rows);
   const bool head = bh < static_cast<long long>(p.batch) * p.heads;  // (no early return: the row's lanes shuffle)
+  if (thread == 0) *w.tile_counter = 0;
   float dot = 0.f;
   if (head && row < p.seq_len) {
     const size_t offset = (static_cast<size_t>(bh) * p.seq_len + row) * kHeadDim + chunk * 8;

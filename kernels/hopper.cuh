@@ -258,6 +258,13 @@ __device__ __forceinline__ int lane_id_volatile() {
 // setmaxnreg.dec / .inc: this warpgroup gives registers back to the pool / takes them from it (a multiple
 // of 8 in 24..256; every warp of the warpgroup executes it). Takes effect only in a kernel launched with a
 // register cap (__launch_bounds__(threads, 1)).
+// The pool is what the CTA was launched with: under __launch_bounds__(threads, 1) ptxas gives each thread
+// 65536 / threads registers, rounded down to a multiple of 8 (168 at 384 threads), so the warpgroups' counts
+// after the moves must fit threads x that; an .inc beyond the pool waits forever (a hang, not an error).
+constexpr bool setmaxnreg_fits(int threads, int producer_regs, int consumer_regs, int consumers) {
+  return (producer_regs + consumer_regs * consumers) * kWarpgroupThreads <=
+         (65536 / threads < 255 ? 65536 / threads : 255) / 8 * 8 * threads;
+}
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
   FC_SM90A_ONLY(asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs)));

@@ -1,8 +1,9 @@
-// mainloop_bwd_sm90.cuh — v12's backward kernel: one CTA per (block of 128 keys, batch * K/V head), a producer
-// warp streaming each step's Q_i, dO_i, LSE_i, D_i by TMA into two stages, and two consumer warpgroups of 64 keys
-// each running the five products on wgmma (the step: consumer_step; the kernel and its roles below). The passes
-// before and after it are bwd_passes.cuh's; dQ_i's product, staging and reduce-add bwd_dq_sm90.cuh's; the
-// configuration v12_bwd_traits.cuh; the launcher v12_bwd.cu.
+// mainloop_bwd_sm90.cuh — v12's backward kernel: persistent CTAs, each running tiles (a block of 128 keys of one
+// K/V head) that its producer thread claims from a counter; that thread streams each step's Q_i, dO_i, LSE_i, D_i
+// by TMA into two stages, another loads each tile's K_j, V_j, and two consumer warpgroups of 64 keys each run the
+// five products on wgmma (the kernel and its roles below). The passes before and after it are bwd_passes.cuh's;
+// dQ_i's product, staging and reduce-add, and the tile hand-over, bwd_dq_sm90.cuh's; the configuration and the
+// tile list v12_bwd_traits.cuh; the launcher v12_bwd.cu.
 #pragma once
 
 #include "bwd_dq_sm90.cuh"
@@ -48,28 +49,55 @@
 #endif
 
 constexpr int kDsBarrier = 1;  // named barrier: both consumers' dS^T stored (256 threads)
+// The threads that read each round's tile from the producer: the K/V loader, the dQ warp, both consumers.
+constexpr int kTileReaders = 1 + (V12_BWD_DQ_WARP != 0 ? 32 : 0) + 2 * fc::kWarpgroupThreads;
 
-// One thread: K_j and V_j once, then each step's Q_i, dO_i (TMA) and LSE_i, D_i (bulk copies) into stage step % 2.
+// One thread: each step's Q_i, dO_i (TMA) and LSE_i, D_i (bulk copies) into stage (the CTA's step count) % 2, over
+// the CTA's tiles, which it claims and publishes to the other roles (v12_bwd_traits.cuh, bwd_tile_at).
 template <class Cfg>
 __device__ __forceinline__ void bwd_producer(const FlashcoreBackwardParams& b, const Workspace& w, const BwdMaps& maps) {
   BwdBarriers& bars = bwd_barriers<Cfg>();
   unsigned char* smem = v12_bwd_smem();
-  const BwdSteps steps = bwd_steps<Cfg::kBlockN, Cfg::kBlockM>(b.fwd, blockIdx.x, blockIdx.y);
-  const int n0 = blockIdx.x * Cfg::kBlockN, bh_kv = blockIdx.y;
-  fc::mbarrier_arrive_expect_bytes(&bars.kv_full, 2 * Cfg::kKVBytes);
-  fc::tma_load_4d(smem + Cfg::kKOffset, &maps.k, 0, n0, 0, bh_kv, &bars.kv_full);
-  fc::tma_load_4d(smem + Cfg::kVOffset, &maps.v, 0, n0, 0, bh_kv, &bars.kv_full);
-  for (int step = 0; step < steps.count; ++step) {
-    const int s = step & 1;
-    const int bh = steps.bh(step), m0 = steps.m0(step, Cfg::kBlockM);
-    fc::mbarrier_wait_parity(&bars.empty[s], ((step >> 1) & 1) ^ 1);
-    fc::mbarrier_arrive_expect_bytes(&bars.full[s], 2 * Cfg::kQBytes + Cfg::kStatsBytes);
-    fc::tma_load_4d(smem + Cfg::kQOffset + s * Cfg::kQBytes, &maps.q, 0, m0, 0, bh, &bars.full[s]);
-    fc::tma_load_4d(smem + Cfg::kDoOffset + s * Cfg::kQBytes, &maps.d_o, 0, m0, 0, bh, &bars.full[s]);
-    float* stats = reinterpret_cast<float*>(smem + Cfg::kStatsOffset + s * Cfg::kStatsBytes);
-    const size_t row = static_cast<size_t>(bh) * w.padded_rows + m0;
-    fc::bulk_load(stats, w.lse2 + row, Cfg::kBlockM * 4, &bars.full[s]);
-    fc::bulk_load(stats + Cfg::kBlockM, w.dsum + row, Cfg::kBlockM * 4, &bars.full[s]);
+  const int tiles = bwd_tiles<Cfg::kBlockN>(b.fwd);
+  int it = 0, t = blockIdx.x;  // the CTA's steps so far, over its tiles; this round's tile
+  for (int round = 0;; ++round) {
+    bwd_publish_tile<Cfg>(round, t);
+    if (t >= tiles) break;
+    const BwdTile tile = bwd_tile_at<Cfg::kBlockN>(b.fwd, t, gridDim.x);
+    const BwdSteps steps = bwd_steps<Cfg::kBlockN, Cfg::kBlockM>(b.fwd, tile.n_block, tile.bh_kv);
+    int bh = steps.bh0, m = steps.m_first;
+    for (int step = 0; step < steps.count; ++step, ++it, steps.advance(bh, m)) {
+      const int s = it & 1, m0 = m * Cfg::kBlockM;
+      fc::mbarrier_wait_parity(&bars.empty[s], ((it >> 1) & 1) ^ 1);
+      fc::mbarrier_arrive_expect_bytes(&bars.full[s], 2 * Cfg::kQBytes + Cfg::kStatsBytes);
+      fc::tma_load_4d(smem + Cfg::kQOffset + s * Cfg::kQBytes, &maps.q, 0, m0, 0, bh, &bars.full[s]);
+      fc::tma_load_4d(smem + Cfg::kDoOffset + s * Cfg::kQBytes, &maps.d_o, 0, m0, 0, bh, &bars.full[s]);
+      float* stats = reinterpret_cast<float*>(smem + Cfg::kStatsOffset + s * Cfg::kStatsBytes);
+      const size_t row = static_cast<size_t>(bh) * static_cast<unsigned>(w.padded_rows) + m0;
+      fc::bulk_load(stats, w.lse2 + row, Cfg::kBlockM * 4, &bars.full[s]);
+      fc::bulk_load(stats + Cfg::kBlockM, w.dsum + row, Cfg::kBlockM * 4, &bars.full[s]);
+    }
+    // the next tile, claimed as this one's last stage goes out
+    t = static_cast<int>(gridDim.x) + atomicAdd(w.tile_counter, 1);
+  }
+}
+
+// Another thread: each tile's K_j and V_j, once both consumers are done with the tile before (their last products
+// read K and V), so the next tile's load runs under the consumers' dK, dV stores.
+template <class Cfg>
+__device__ __forceinline__ void bwd_kv_loader(const FlashcoreParams& p, const BwdMaps& maps) {
+  BwdBarriers& bars = bwd_barriers<Cfg>();
+  unsigned char* smem = v12_bwd_smem();
+  const int tiles = bwd_tiles<Cfg::kBlockN>(p);
+  for (int round = 0;; ++round) {
+    const int t = bwd_next_tile<Cfg>(round);
+    if (t >= tiles) break;
+    const BwdTile tile = bwd_tile_at<Cfg::kBlockN>(p, t, gridDim.x);
+    const int n0 = tile.n_block * Cfg::kBlockN;
+    fc::mbarrier_wait_parity(&bars.kv_empty, (round & 1) ^ 1);
+    fc::mbarrier_arrive_expect_bytes(&bars.kv_full, 2 * Cfg::kKVBytes);
+    fc::tma_load_4d(smem + Cfg::kKOffset, &maps.k, 0, n0, 0, tile.bh_kv, &bars.kv_full);
+    fc::tma_load_4d(smem + Cfg::kVOffset, &maps.v, 0, n0, 0, tile.bh_kv, &bars.kv_full);
   }
 }
 
@@ -131,8 +159,7 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
   const bool tid0 = threadIdx.x % fc::kWarpgroupThreads == 0;
   BwdBarriers& bars = bwd_barriers<Cfg>();
   unsigned char* smem = v12_bwd_smem();
-  const BwdSteps steps = bwd_steps<Cfg::kBlockN, Cfg::kBlockM>(p, blockIdx.x, blockIdx.y);
-  const int n0 = blockIdx.x * Cfg::kBlockN, offset = fc::causal_offset(p);
+  const int offset = fc::causal_offset(p);
   // this thread's first key in the CTA's block (+ 8: second)
   auto key_row = [&] { return 64 * g + 16 * warp + lane() / 4; };
   const float scale_log2 = p.scale * kBwdLog2e;
@@ -160,10 +187,6 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
     return ds_panel + st_query * 128 + ((st_chunk ^ (st_query % 8)) << 4);
   };
 
-  float dv[kHeadDim / 2], dk[kHeadDim / 2];
-#pragma unroll
-  for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.f;
-
   // this consumer's half of dS (queries x keys) into buffer b, visible to the other's wgmma once it has met us
   auto store_ds = [&](const uint32_t (&dsa)[kBlockM / 16][4], int b) {
 #pragma unroll
@@ -171,147 +194,163 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
     fc::fence_proxy_async_shared();
   };
 
-  fc::mbarrier_wait_parity(&bars.kv_full, 0);
-  for (int step = 0; step < steps.count; ++step) {
-    const int s = step & 1;
-    const int bh = steps.bh(step), m0 = steps.m0(step, kBlockM);
-    fc::mbarrier_wait_parity(&bars.full[s], (step >> 1) & 1);
-    // S^T = K_j Q_i^T, dP^T = V_j dO_i^T (64 keys x kBlockM queries)
-    float st[kBlockM / 2], dpt[kBlockM / 2];
-    gemm_qk<T, kHeadDim, kBlockM, Cfg::kBlockN>(st, desc_k, desc_q + s * kStageStep);
-    fc::wgmma_fence_operands(st);
-    gemm_qk<T, kHeadDim, kBlockM, Cfg::kBlockN>(dpt, desc_v, desc_do + s * kStageStep);
-    fc::wgmma_fence_operands(dpt);
-    const float* stats = reinterpret_cast<const float*>(smem + Cfg::kStatsOffset + s * Cfg::kStatsBytes);
-    auto to_probabilities = [&] {
-      if (bwd_needs_mask(p, n0 + 64 * g, m0)) {
-        probabilities<kBlockM, true>(st, stats, scale_log2, n0 + key_row(), m0, offset);
+  // the CTA's steps so far, over its tiles: stages and dS buffers alternate over them, and step it's dQ tile is the
+  // CTA's it-th (each waits for the dQ warp to have read the one before)
+  int it = 0;
+  const int tiles = bwd_tiles<Cfg::kBlockN>(p);
+  for (int round = 0;; ++round) {
+    const int t = bwd_next_tile<Cfg>(round);
+    if (t >= tiles) break;
+    const BwdTile tile = bwd_tile_at<Cfg::kBlockN>(p, t, gridDim.x);
+    const BwdSteps steps = bwd_steps<Cfg::kBlockN, Cfg::kBlockM>(p, tile.n_block, tile.bh_kv);
+    const int n0 = tile.n_block * Cfg::kBlockN;
+    float dv[kHeadDim / 2], dk[kHeadDim / 2];
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.f;
+    fc::mbarrier_wait_parity(&bars.kv_full, round & 1);
+    for (int step = 0; step < steps.count; ++step, ++it) {
+      const int s = it & 1;
+      const int bh = steps.bh(step), m0 = steps.m0(step, kBlockM);
+      fc::mbarrier_wait_parity(&bars.full[s], (it >> 1) & 1);
+      // S^T = K_j Q_i^T, dP^T = V_j dO_i^T (64 keys x kBlockM queries)
+      float st[kBlockM / 2], dpt[kBlockM / 2];
+      gemm_qk<T, kHeadDim, kBlockM, Cfg::kBlockN>(st, desc_k, desc_q + s * kStageStep);
+      fc::wgmma_fence_operands(st);
+      gemm_qk<T, kHeadDim, kBlockM, Cfg::kBlockN>(dpt, desc_v, desc_do + s * kStageStep);
+      fc::wgmma_fence_operands(dpt);
+      const float* stats = reinterpret_cast<const float*>(smem + Cfg::kStatsOffset + s * Cfg::kStatsBytes);
+      auto to_probabilities = [&] {
+        if (bwd_needs_mask(p, n0 + 64 * g, m0)) {
+          probabilities<kBlockM, true>(st, stats, scale_log2, n0 + key_row(), m0, offset);
+        } else {
+          probabilities<kBlockM, false>(st, stats, scale_log2, n0 + key_row(), m0, offset);
+        }
+      };
+      uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
+      if constexpr (kOverlap) {
+        // P^T as soon as S^T has landed (dP^T may still run), then dV += P^T dO_i issued before dS^T is computed: the
+        // exp2s overlap dP^T's wgmma and dS^T overlaps dV's (P^T's fp32 values stay live meanwhile)
+        fc::wgmma_wait<1>();
+        fc::wgmma_fence_operands(st);
+        to_probabilities();
+        pack_p<T, kBlockM>(st, pa);
+        gemm_pv<T, kHeadDim, kBlockM>(dv, pa, desc_do_t + s * kStageStep);
+        fc::wgmma_fence_operands(dv);
+        fc::wgmma_wait<1>();  // dP^T has landed; dV may still run
+        fc::wgmma_fence_operands(dpt);
+        score_gradients<kBlockM>(st, dpt, stats + kBlockM);
+        pack_p<T, kBlockM>(dpt, dsa);
       } else {
-        probabilities<kBlockM, false>(st, stats, scale_log2, n0 + key_row(), m0, offset);
+        fc::wgmma_wait<0>();
+        fc::wgmma_fence_operands(st);
+        fc::wgmma_fence_operands(dpt);
+        to_probabilities();
+        score_gradients<kBlockM>(st, dpt, stats + kBlockM);
+        pack_p<T, kBlockM>(st, pa);
+        pack_p<T, kBlockM>(dpt, dsa);
+        gemm_pv<T, kHeadDim, kBlockM>(dv, pa, desc_do_t + s * kStageStep);  // dV += P^T dO_i (A from registers)
+        fc::wgmma_fence_operands(dv);
       }
-    };
-    uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
-    if constexpr (kOverlap) {
-      // P^T as soon as S^T has landed (dP^T may still run), then dV += P^T dO_i issued before dS^T is computed: the
-      // exp2s overlap dP^T's wgmma and dS^T overlaps dV's (P^T's fp32 values stay live meanwhile)
-      fc::wgmma_wait<1>();
-      fc::wgmma_fence_operands(st);
-      to_probabilities();
-      pack_p<T, kBlockM>(st, pa);
-      gemm_pv<T, kHeadDim, kBlockM>(dv, pa, desc_do_t + s * kStageStep);
-      fc::wgmma_fence_operands(dv);
-      fc::wgmma_wait<1>();  // dP^T has landed; dV may still run
-      fc::wgmma_fence_operands(dpt);
-      score_gradients<kBlockM>(st, dpt, stats + kBlockM);
-      pack_p<T, kBlockM>(dpt, dsa);
-    } else {
-      fc::wgmma_wait<0>();
-      fc::wgmma_fence_operands(st);
-      fc::wgmma_fence_operands(dpt);
-      to_probabilities();
-      score_gradients<kBlockM>(st, dpt, stats + kBlockM);
-      pack_p<T, kBlockM>(st, pa);
-      pack_p<T, kBlockM>(dpt, dsa);
-      gemm_pv<T, kHeadDim, kBlockM>(dv, pa, desc_do_t + s * kStageStep);  // dV += P^T dO_i (A from registers)
-      fc::wgmma_fence_operands(dv);
-    }
-    if constexpr (kLag) {
-      // dS_i into buffer s once both consumers' last product from it (step i - 1's) is done; then dQ_{i-1} (buffer
-      // s ^ 1, stored by both in step i - 1), then dK; dQ_{i-1} is staged while dK runs. Step 0's product reads a
-      // buffer no step has stored and is discarded (issued unconditionally: behind a branch ptxas serialized every
-      // wgmma), and buffer 1's first store waits for it like any other.
-      if (step > 0) fc::mbarrier_wait_parity(&bars.ds_empty[s], ((step - 1) >> 1) & 1);
+      if constexpr (kLag) {
+        // dS_i into buffer s once both consumers' last product from it (step i - 1's) is done; then dQ_{i-1} (buffer
+        // s ^ 1, stored by both in step i - 1), then dK; dQ_{i-1} is staged while dK runs. Step 0's product reads a
+        // buffer no step has stored and is discarded (issued unconditionally: behind a branch ptxas serialized every
+        // wgmma), and buffer 1's first store waits for it like any other.
+        if (it > 0) fc::mbarrier_wait_parity(&bars.ds_empty[s], ((it - 1) >> 1) & 1);
+        store_ds(dsa, s);
+        fc::mbarrier_arrive(&bars.ds_full[s]);
+        if (step > 0) fc::mbarrier_wait_parity(&bars.ds_full[s ^ 1], ((it - 1) >> 1) & 1);
+        float dq[Cfg::kDqRegs];
+        gemm_dq<Cfg, T>(dq, desc_ds + (s ^ 1) * kDsStep, desc_k_t);
+        fc::wgmma_fence_operands(dq);
+        gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);
+        fc::wgmma_fence_operands(dk);
+        fc::wgmma_wait<1>();
+        fc::wgmma_fence_operands(dv);
+        fc::wgmma_fence_operands(pa);
+        fc::wgmma_fence_operands(dq);
+        fc::mbarrier_arrive(&bars.ds_empty[s ^ 1]);
+        if (step > 0) hand_over_dq<Cfg, kDqWarp>(dq_stage, dq, g, it - 1, warp, lane());
+        fc::wgmma_wait<0>();
+        fc::wgmma_fence_operands(dk);
+        fc::wgmma_fence_operands(dsa);
+        fc::mbarrier_arrive(&bars.empty[s]);
+        continue;
+      }
+      if constexpr (!kDqFirst) {
+        gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);  // dK += dS^T Q_i (A from registers)
+        fc::wgmma_fence_operands(dk);
+      }
+      // dS into buffer step % 2: both consumers' halves, then dQ_i's tile reads all of it
       store_ds(dsa, s);
-      fc::mbarrier_arrive(&bars.ds_full[s]);
-      if (step > 0) fc::mbarrier_wait_parity(&bars.ds_full[s ^ 1], ((step - 1) >> 1) & 1);
+      if (!kDqWarp && tid0) fc::tma_store_wait_read<0>();  // the last step's dQ tile has left the staging tile
+      fc::named_barrier_sync(kDsBarrier, 2 * fc::kWarpgroupThreads);
+      if constexpr (Cfg::kDqSwapAB) {
+        // dV's product (and dK's, if issued) done before dQ_i's is issued: P^T's registers free for dQ_i^T's 40 (with
+        // them live beside dV, dK and dS^T, ptxas serialized every wgmma for want of registers)
+        fc::wgmma_wait<0>();
+        fc::wgmma_fence_operands(dv);
+        fc::wgmma_fence_operands(pa);
+        if constexpr (!kDqFirst) {
+          fc::wgmma_fence_operands(dk);
+          fc::wgmma_fence_operands(dsa);
+        }
+      }
       float dq[Cfg::kDqRegs];
-      gemm_dq<Cfg, T>(dq, desc_ds + (s ^ 1) * kDsStep, desc_k_t);
+      gemm_dq<Cfg, T>(dq, desc_ds + s * kDsStep, desc_k_t);
       fc::wgmma_fence_operands(dq);
-      gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);
-      fc::wgmma_fence_operands(dk);
-      fc::wgmma_wait<1>();
+      if constexpr (kDqFirst) {
+        // dK issued after dQ_i, so that dQ_i is added while dK's wgmma runs
+        gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);
+        fc::wgmma_fence_operands(dk);
+        fc::wgmma_wait<1>();
+      } else {
+        fc::wgmma_wait<0>();
+      }
       fc::wgmma_fence_operands(dv);
-      fc::wgmma_fence_operands(pa);
       fc::wgmma_fence_operands(dq);
-      fc::mbarrier_arrive(&bars.ds_empty[s ^ 1]);
-      if (step > 0) hand_over_dq<Cfg, kDqWarp>(dq_stage, dq, g, step - 1, warp, lane());
-      fc::wgmma_wait<0>();
-      fc::wgmma_fence_operands(dk);
-      fc::wgmma_fence_operands(dsa);
-      fc::mbarrier_arrive(&bars.empty[s]);
-      continue;
-    }
-    if constexpr (!kDqFirst) {
-      gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);  // dK += dS^T Q_i (A from registers)
-      fc::wgmma_fence_operands(dk);
-    }
-    // dS into buffer step % 2: both consumers' halves, then dQ_i's tile reads all of it
-    store_ds(dsa, s);
-    if (!kDqWarp && tid0) fc::tma_store_wait_read<0>();  // the last step's dQ tile has left the staging tile
-    fc::named_barrier_sync(kDsBarrier, 2 * fc::kWarpgroupThreads);
-    if constexpr (Cfg::kDqSwapAB) {
-      // dV's product (and dK's, if issued) done before dQ_i's is issued: P^T's registers free for dQ_i^T's 40 (with
-      // them live beside dV, dK and dS^T, ptxas serialized every wgmma for want of registers)
-      fc::wgmma_wait<0>();
-      fc::wgmma_fence_operands(dv);
       fc::wgmma_fence_operands(pa);
       if constexpr (!kDqFirst) {
         fc::wgmma_fence_operands(dk);
         fc::wgmma_fence_operands(dsa);
+        fc::mbarrier_arrive(&bars.empty[s]);  // every thread: its reads of the stage's LSE_i and D_i are done
+      }
+      hand_over_dq<Cfg, kDqWarp>(dq_stage, dq, g, it, warp, lane());
+      if (!kDqWarp && tid0) reduce_add_dq_tile<Cfg>(maps, smem, g, m0, bh);
+      if constexpr (kDqFirst) {
+        fc::wgmma_wait<0>();  // dK (it reads Q_i) before the stage is released
+        fc::wgmma_fence_operands(dk);
+        fc::wgmma_fence_operands(dsa);
+        fc::mbarrier_arrive(&bars.empty[s]);  // every thread: its reads of the stage's LSE_i and D_i are done
       }
     }
-    float dq[Cfg::kDqRegs];
-    gemm_dq<Cfg, T>(dq, desc_ds + s * kDsStep, desc_k_t);
-    fc::wgmma_fence_operands(dq);
-    if constexpr (kDqFirst) {
-      // dK issued after dQ_i, so that dQ_i is added while dK's wgmma runs
-      gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);
-      fc::wgmma_fence_operands(dk);
-      fc::wgmma_wait<1>();
-    } else {
+    if (!kDqWarp && tid0) fc::tma_store_wait<0>();
+    if (kLag && steps.count > 0) {  // the last step's dQ (the next tile's first step arrives on its buffer's ds_empty)
+      const int last = it - 1;
+      fc::mbarrier_wait_parity(&bars.ds_full[last & 1], (last >> 1) & 1);
+      float dq[Cfg::kDqRegs];
+      gemm_dq<Cfg, T>(dq, desc_ds + (last & 1) * kDsStep, desc_k_t);
       fc::wgmma_wait<0>();
+      fc::wgmma_fence_operands(dq);
+      hand_over_dq<Cfg, kDqWarp>(dq_stage, dq, g, it - 1, warp, lane());
     }
-    fc::wgmma_fence_operands(dv);
-    fc::wgmma_fence_operands(dq);
-    fc::wgmma_fence_operands(pa);
-    if constexpr (!kDqFirst) {
-      fc::wgmma_fence_operands(dk);
-      fc::wgmma_fence_operands(dsa);
-      fc::mbarrier_arrive(&bars.empty[s]);  // every thread: its reads of the stage's LSE_i and D_i are done
-    }
-    hand_over_dq<Cfg, kDqWarp>(dq_stage, dq, g, step, warp, lane());
-    if (!kDqWarp && tid0) reduce_add_dq_tile<Cfg>(maps, smem, g, m0, bh);
-    if constexpr (kDqFirst) {
-      fc::wgmma_wait<0>();  // dK (it reads Q_i) before the stage is released
-      fc::wgmma_fence_operands(dk);
-      fc::wgmma_fence_operands(dsa);
-      fc::mbarrier_arrive(&bars.empty[s]);  // every thread: its reads of the stage's LSE_i and D_i are done
-    }
-  }
-  if (!kDqWarp && tid0) fc::tma_store_wait<0>();
-  if (kLag && steps.count > 0) {  // the last step's dQ
-    const int last = steps.count - 1;
-    fc::mbarrier_wait_parity(&bars.ds_full[last & 1], (last >> 1) & 1);
-    float dq[Cfg::kDqRegs];
-    gemm_dq<Cfg, T>(dq, desc_ds + (last & 1) * kDsStep, desc_k_t);
-    fc::wgmma_wait<0>();
-    fc::wgmma_fence_operands(dq);
-    hand_over_dq<Cfg, kDqWarp>(dq_stage, dq, g, last, warp, lane());
-  }
+    fc::mbarrier_arrive(&bars.kv_empty);  // every thread: its products that read K_j and V_j are done
 
-  // dK = scale dS^T Q, dV = P^T dO for this warpgroup's 64 keys (rows at or past S_kv are not written)
-  const size_t kv_base = static_cast<size_t>(blockIdx.y) * p.seq_len_kv * kHeadDim;
+    // dK = scale dS^T Q, dV = P^T dO for this warpgroup's 64 keys (rows at or past S_kv are not written)
+    const size_t kv_base = static_cast<size_t>(tile.bh_kv) * p.seq_len_kv * kHeadDim;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = n0 + key_row() + 8 * h;
-    if (key >= p.seq_len_kv) continue;
-    T* dk_row = fc::tensor<T>(b.dk) + kv_base + static_cast<size_t>(key) * kHeadDim;
-    T* dv_row = fc::tensor<T>(b.dv) + kv_base + static_cast<size_t>(key) * kHeadDim;
+    for (int h = 0; h < 2; ++h) {
+      const int key = n0 + key_row() + 8 * h;
+      if (key >= p.seq_len_kv) continue;
+      T* dk_row = fc::tensor<T>(b.dk) + kv_base + static_cast<size_t>(key) * kHeadDim;
+      T* dv_row = fc::tensor<T>(b.dv) + kv_base + static_cast<size_t>(key) * kHeadDim;
 #pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
-      const int col = 8 * j + 2 * (threadIdx.x % 4);
-      *reinterpret_cast<uint32_t*>(dk_row + col) = pack2<T>(dk[4 * j + 2 * h] * p.scale, dk[4 * j + 2 * h + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<T>(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        const int col = 8 * j + 2 * (threadIdx.x % 4);
+        *reinterpret_cast<uint32_t*>(dk_row + col) =
+            pack2<T>(dk[4 * j + 2 * h] * p.scale, dk[4 * j + 2 * h + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<T>(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
+      }
     }
   }
 }
@@ -323,11 +362,14 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim, kBlockM>::kThreads, 1)
   if (threadIdx.x == 0) {
     BwdBarriers& bars = bwd_barriers<Cfg>();
     fc::mbarrier_init(&bars.kv_full, 1);
+    fc::mbarrier_init(&bars.kv_empty, fc::kWarpgroupThreads * Cfg::kConsumers);
     for (int s = 0; s < 2; ++s) {
       fc::mbarrier_init(&bars.full[s], 1);
       fc::mbarrier_init(&bars.empty[s], fc::kWarpgroupThreads * Cfg::kConsumers);
       fc::mbarrier_init(&bars.ds_full[s], fc::kWarpgroupThreads * Cfg::kConsumers);
       fc::mbarrier_init(&bars.ds_empty[s], fc::kWarpgroupThreads * Cfg::kConsumers);
+      fc::mbarrier_init(&bars.tile_full[s], 1);
+      fc::mbarrier_init(&bars.tile_empty[s], kTileReaders);
     }
     fc::fence_mbarrier_init();
   }
@@ -335,6 +377,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim, kBlockM>::kThreads, 1)
   if (threadIdx.x < fc::kWarpgroupThreads) {
     fc::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) bwd_producer<Cfg>(b, w, maps);
+    if (threadIdx.x == 64) bwd_kv_loader<Cfg>(b.fwd, maps);
     if (V12_BWD_DQ_WARP != 0 && threadIdx.x / 32 == 1) bwd_dq_writer<Cfg>(b, maps);
     return;
   }

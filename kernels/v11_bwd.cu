@@ -155,7 +155,7 @@ int plan_long_short(FlashcoreKernelPlan* plans) {
 
 }  // namespace
 
-size_t flashcore_backward_workspace(const FlashcoreParams& p) { return dq_accum_bytes(p) + 2 * stats_bytes(p); }
+size_t flashcore_backward_workspace(const FlashcoreParams& p) { return workspace_bytes(p); }
 
 const char* flashcore_backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   const FlashcoreParams& p = b.fwd;

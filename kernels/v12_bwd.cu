@@ -1,73 +1,75 @@
 // v12_bwd.cu — v12's backward: FlashAttention-3's algorithm on Hopper (sm_90a), the five products on wgmma.
 //
-// Idea: v11's backward (FlashAttention-2: K/V-stationary CTAs, P recomputed from the forward's LSE, S^T and dP^T so
+// Idea: v11's backward (FlashAttention-2: K/V-stationary tiles, P recomputed from the forward's LSE, S^T and dP^T so
 // that dV and dK take their A operand from registers), with its math on warpgroups and its loads on the copy
-// engine, as v12's forward has them. One CTA per block of 128 keys of one K/V head: a producer thread loads K_j
-// and V_j once, then streams each step's Q_i, dO_i (TMA, 128-byte swizzled panels) and LSE_i, D_i (bulk copies)
-// into two stages on full/empty mbarriers; two consumer warpgroups own 64 keys each and per step run
+// engine, as v12's forward has them. Persistent CTAs (one per SM) run tiles of 128 keys of one K/V head: one thread
+// loads a tile's K_j and V_j, another streams each step's Q_i, dO_i (TMA, 128-byte swizzled panels) and LSE_i, D_i
+// (bulk copies) into two stages on full/empty mbarriers; two consumer warpgroups own 64 keys each and per step run
 //   S^T  = K_j Q_i^T,  dP^T = V_j dO_i^T            wgmma, both operands from shared memory (SS)
 //   P^T  = exp2(S^T scale log2 e - LSE_i log2 e),  dS^T = P^T o (dP^T - D_i)      in registers
 //   dV  += P^T dO_i,   dK  += dS^T Q_i              wgmma, A from registers (RS), dO_i, Q_i read N-major
 //   dS   -> shared memory (stmatrix .trans: queries x keys), into one of two buffers handed over on mbarriers,
 //   dQ_{i-1} = dS_{i-1} K_j (one step late: both halves of dS_{i-1} stored in the last step)   wgmma SS
 // and each consumer's dQ tile (64 x 64), staged in shared memory, goes out by TMA reduce-add (fp32, into the
-// accumulator every key block adds to), issued by a warp of the producer warpgroup.
-// The passes around it (bwd_passes.cuh, shared with v11): prep (D = rowsum(dO o O) from the fp32 O, LSE log2 e, the
-// accumulator zeroed) and dq (the accumulator times scale, rounded). Causal (bottom-right): a key block starts at the
-// first query block that sees it; only steps crossing the diagonal are masked. dK, dV deterministic; dQ's fp32
-// additions from different key blocks in any order.
+// accumulator every key block adds to), issued by a warp of the producer warpgroup. The stage thread claims the
+// CTA's next tile from a counter as it issues a tile's last stage; causal lists go heaviest first within groups of
+// heads (v12_bwd_traits.cuh), so the claims even the SMs' loads out. Passes around it (bwd_passes.cuh, shared with
+// v11): prep (D = rowsum(dO o O) from the fp32 O, LSE log2 e, accumulator and counter zeroed) and dq (accumulator
+// times scale, rounded). Causal (bottom-right): a tile starts at the first query block that sees it; only steps
+// crossing the diagonal are masked. dK, dV deterministic; dQ's fp32 additions from different tiles in any order.
 //
-// Change from v11's backward: wgmma (HGMMA) instead of mma.sync + ldmatrix; TMA and a producer warp instead of
-// cp.async from every thread; dS stored by stmatrix .trans; dQ reduced by TMA from every step; the two consumers
-// never wait for each other within a step (dQ one step late), so one's exp2s run under the other's wgmmas.
-// Parts: v12_bwd_traits.cuh (configuration, layout), mainloop_bwd_sm90.cuh (producer, consumer step, kernel),
-// bwd_dq_sm90.cuh (dQ_i's product, staging, reduce-add, the dQ warp), bwd_passes.cuh (prep, dq), consumer_sm90.cuh
-// (the forward's GEMM and packing steps, reused).
+// Change from v11's backward: wgmma (HGMMA) instead of mma.sync + ldmatrix; TMA and producer threads instead of
+// cp.async from every thread; dS stored by stmatrix .trans; dQ reduced by TMA from every step; the consumers never
+// wait for each other within a step (dQ one step late); persistent CTAs claiming tiles instead of one CTA per tile.
+// Parts: v12_bwd_traits.cuh (configuration, layout, tile list), mainloop_bwd_sm90.cuh (the roles, the kernel),
+// bwd_dq_sm90.cuh (dQ_i's product, staging, reduce-add, the dQ warp, the tile hand-over), bwd_passes.cuh (prep, dq),
+// consumer_sm90.cuh (the forward's GEMM and packing steps, reused).
 //
-// Configuration: 128 keys per CTA; D = 64: 128 queries per step (dQ tiles split by rows), D = 128: 64 (split by
-// columns); 2 stages of Q_i, dO_i, LSE_i, D_i; dS double-buffered; one CTA per SM (194-195 KB). dQ_{i-1}'s product
-// is issued in step i before dK_i's (V12_BWD_DQ_LAG, default 1; 0: dQ_i in step i, both consumers meeting first);
-// every consumer thread arrives on a stage's empty barrier after its own reads of LSE_i, D_i (racecheck found lane 0
-// alone racing the refill); a producer warp issues the dQ reduce-adds (V12_BWD_DQ_WARP, default 1); shared memory
-// addressed by name (fc::dynamic_smem_1024: LDS/STS, not generic LD.E/ST.E).
+// Configuration: D = 64: 128 queries per step (dQ tiles split by rows), D = 128: 64 (split by columns); 2 stages;
+// dS double-buffered; 194-195 KB; registers 24 (producer warpgroup) / 240 (consumers), the whole pool of a
+// 384-thread CTA (fc::setmaxnreg_fits: at 32 / 240 every launch hung). V12_BWD_DQ_LAG, V12_BWD_DQ_WARP (default 1);
+// every consumer thread arrives on a stage's empty barrier (racecheck found lane 0 alone racing the refill); shared
+// memory addressed by name (fc::dynamic_smem_1024: LDS/STS, not generic LD.E/ST.E). V12_BWD_MAX_CTAS caps the grid
+// (a test knob: with 2 CTAs every shape runs many tiles per CTA).
 //
-// Run:  flashcore test v12 && flashcore bench v12 --pass bwd --shape 2,16,4096,128
+// Run:  flashcore test v12 && flashcore bench v12 --pass bwd --shape 2,16,4096,128 --causal
 //
-// Measured (H200, cold, the backward alone, one bench per row beside SDPA's backends; the journal of every step,
-// with its records, is docs/ladder.md "v12's backward" and the sections after it):
-// - first cut: 0.85-0.95x cuDNN; dQ first: 1.5-3.4% at two of three rows; the dQ warp: 2.6-7.1%; shared memory by
-//   name: 1.1-2.7%; the dQ lag: 7.4% at 2,16,4096,64, 4.1% at 64 causal, 7.1% at 1,16,16384,64, 1.0% and 0.3% at
-//   the causal D = 128 rows, none at 2,16,4096,128 (-1.5% to +1.4% in five runs;
-//   docs/results/h200-v12-bwd-lag-2026-11-27.json). This build, us (v12 / cuDNN):
-//     2,16,4096,128   1355.6 / 1290.7: 0.95x     2,16,4096,128 causal   762.6 /  772.1: 1.01x
-//     2,16,4096,64     720.0 /  777.5: 1.08x     2,16,4096,64 causal    455.1 /  500.0: 1.10x
-//     1,16,16384,64   5574.1 / 6083.9: 1.09x     1,16,16384,128 causal 5180.8 / 5210.2: 1.01x
-//   1.70-1.87x FA2. fwd+bwd at 2,16,4096,128: 1817.2 vs cuDNN 1693.0 us (0.93x). Back to back, where both run at
-//   the 700 W cap (~1.7 GHz), v12's backward at 2,16,4096,128 takes 1425 us, cuDNN's 1443 (scripts/power_cap.py).
-// - `flashcore test v12` 216 OK (gradients under the rule); sanitizers clean at odd causal grouped shapes; 2000
-//   random launches with gradients all OK (worst 0.95; earlier runs met one dq element at 1.06x, the 16-bit dS tail
-//   of v11's backward too: docs/results/v12-bwd-lag-checks-2026-11-27.txt).
-// Tried, not kept (docs/ladder.md has each run):
-// - dQ added from registers by red.global.add.v2.f32: 10-15% slower than staging + TMA reduce-add.
-// - V12_BWD_OVERLAP=1 (P^T while dP^T's wgmma runs, dS^T while dV's): within 2% either way; spills at D = 64.
-// - V12_BWD_DQ_FIRST=0: flat at D = 128; 0.8-1.8% faster at 2,16,4096,64 in three runs, 0.3% slower at
-//   1,16,16384,64; no target row changes either way, so the default stays.
-// - V12_BWD_M80 (80 queries per step at D = 128, FlashAttention-3's; dQ_i computed transposed): correct, no faster
-//   in four H100 runs; needs dV awaited before dQ_i and the lane index re-read (which, everywhere, cost 6% at D = 64).
-// - v12's forward on fc::dynamic_smem_1024 too: 6% slower at 2,16,4096,128 (one H100 run).
-// - With the lag: the consumers taking turns to issue S^T and dP^T (FA3's forward's ping-pong), within 1.4%; key
-//   block n starting at query block n (dQ adds spread over rows), 4.9% slower at D = 64, within 0.4% at 128;
-//   V12_BWD_OVERLAP=1, 2-3% slower at D = 128.
-// Not reached: >= 1.0x cuDNN at every row in the bench (2,16,4096,128 0.94-0.97x in five runs, where cuDNN's own
-// kernel reads 1238-1302 us by its place in the run: docs/ladder.md "The dQ lag").
+// Measured (H200, cold, the backward alone, one bench per row beside SDPA's backends and the build before; every
+// step's runs: docs/ladder.md "v12's backward" and the sections after it):
+// - first cut 0.85-0.95x cuDNN; dQ first 1.5-3.4% at two of three rows; the dQ warp 2.6-7.1%; shared memory by name
+//   1.1-2.7%; the dQ lag 7.4% at 2,16,4096,64, 4.1% at 64 causal, 7.1% at 1,16,16384,64, none at 2,16,4096,128;
+//   persistent CTAs claiming tiles 11.1% at 2,16,4096,64 causal, 3.3% at 2,16,4096,128 causal, within 1% at the
+//   other four rows (docs/results/h200-v12-bwd-persistent-2026-11-27.json). This build, us (v12 / cuDNN):
+//     2,16,4096,128   1387.2 / 1276.9: 0.92x     2,16,4096,128 causal   742.9 /  777.1: 1.05x
+//     2,16,4096,64     727.5 /  788.9: 1.08x     2,16,4096,64 causal    405.4 /  501.5: 1.24x
+//     1,16,16384,64   5687.5 / 6278.8: 1.10x     1,16,16384,128 causal 5225.0 / 5311.7: 1.02x
+// - `flashcore test v12` 216 OK; the 2-CTA build 216 OK, racecheck, synccheck, memcheck clean at 1,4:2,300,128
+//   causal (docs/results/v12-bwd-persistent-checks-2026-11-27.txt).
+// Tried, not kept (docs/ladder.md has each run): dQ added from registers by red.global.add (10-15% slower);
+// V12_BWD_OVERLAP=1 (within 2%); V12_BWD_DQ_FIRST=0 (no target row moves); V12_BWD_M80 (FA3's 80 queries at
+// D = 128: no faster); the consumers taking turns to issue S^T, dP^T (within 1.4%); tiles dealt in static snake
+// rounds, causal heaviest first over all heads: 8.8% faster at 2,16,4096,64 causal but 6.4% slower at
+// 1,16,16384,128 causal, where the tiles running at once spanned all 16 heads' Q, dO and dQ (128 MB against 60 MB
+// of L2).
+// Not reached: 2,16,4096,128 at 0.92-0.97x cuDNN in every run. Traced at HEAD~ (one run, short, cool): v12's main
+// kernel 1176 us against cuDNN's 1158; ncu at locked clocks 1541 against 1488 us, tensor pipe 63.8% against 65.9%:
+// the gap is cycles in the main kernel (docs/ladder.md "Persistent tiles").
 #include "bwd_passes.cuh"
 #include "flashcore.h"
 #include "hopper.cuh"
 #include "mainloop_bwd_sm90.cuh"
 #include "v12_bwd_traits.cuh"
 
+#include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <type_traits>
+
+// The persistent grid's size: 0 (default) one CTA per SM; N > 0 at most N CTAs (a test knob: with few CTAs every
+// shape runs several tiles per CTA, as only long ones do at one per SM)
+#ifndef V12_BWD_MAX_CTAS
+#define V12_BWD_MAX_CTAS 0
+#endif
 
 namespace {
 
@@ -97,9 +99,11 @@ const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
                                 CU_TENSOR_MAP_SWIZZLE_128B)) {
     return "v12 backward: the driver refused a TMA tensor map (is the driver new enough, the tensor 16-byte aligned?)";
   }
-  const dim3 grid(fc::ceil_div(p.seq_len_kv, Cfg::kBlockN), bh_kv);
-  if (grid.y > 65535) return fc::message("v12 backward: grid y of %u exceeds the limit (65535)", grid.y);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(b, w, maps);
+  const long long tiles = static_cast<long long>(fc::ceil_div(p.seq_len_kv, Cfg::kBlockN)) * bh_kv;
+  if (tiles > INT_MAX) return fc::message("v12 backward: %lld key blocks exceed the tile list's int", tiles);
+  const int sms = V12_BWD_MAX_CTAS > 0 ? V12_BWD_MAX_CTAS : fc::sm_count();
+  const int ctas = static_cast<int>(std::min<long long>(tiles, sms));  // persistent: one per SM
+  kernel<<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(b, w, maps);
   if (const char* err = fc::launch_status()) return err;
 
   return launch_bwd_dq<kHeadDim, T>(b, w, stream);
@@ -147,7 +151,7 @@ int plan_d128(FlashcoreKernelPlan* plans) {
 
 }  // namespace
 
-size_t flashcore_backward_workspace(const FlashcoreParams& p) { return dq_accum_bytes(p) + 2 * stats_bytes(p); }
+size_t flashcore_backward_workspace(const FlashcoreParams& p) { return workspace_bytes(p); }
 
 const char* flashcore_backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   const FlashcoreParams& p = b.fwd;

@@ -6,11 +6,14 @@
 #include "bwd_passes.cuh"
 #include "flashcore.h"
 #include "hopper.cuh"
+#include "tile_scheduler_sm90.cuh"
 
 struct BwdBarriers {
-  uint64_t kv_full;               // K_j and V_j landed (once)
+  uint64_t kv_full, kv_empty;     // the tile's K_j and V_j landed / read by both consumers' last products
   uint64_t full[2], empty[2];     // a stage's Q_i, dO_i, LSE_i, D_i landed / read by both consumers
   uint64_t ds_full[2], ds_empty[2];  // V12_BWD_DQ_LAG: dS buffer b stored / read by both consumers' dQ products
+  uint64_t tile_full[2], tile_empty[2];  // the tile of round r in tile_slot[r % 2] / read by every other role
+  int tile_slot[2];
 };
 
 template <int kHeadDim_, int kBlockM_>
@@ -22,7 +25,8 @@ struct BwdConfig {
   static constexpr int kThreads = fc::kWarpgroupThreads * (1 + kConsumers);  // + the producer warpgroup
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536, "register file");
+  static_assert(fc::setmaxnreg_fits(kThreads, kProducerRegs, kConsumerRegs, kConsumers),
+                "setmaxnreg: the warpgroups' registers exceed the CTA's launch pool (the .inc would hang)");
   static constexpr int kPanels = kHeadDim / 64;  // 128-byte panels of 64 columns per row
   // dQ_i = dS K_j (kBlockM x D) is split between the two consumers as two wgmma tiles: by rows where the step
   // has 128 queries (D = 64), by columns where it has 64 (D = 128), each 64 x 64; and where it has 80 (D = 128,
@@ -64,20 +68,55 @@ struct BwdMaps {
   CUtensorMap dq;            // the fp32 dQ accumulator [B * H][S][D], boxes of 32 columns x 64 rows
 };
 
-// The steps of the CTA of key block n_block of K/V head bh_kv (b * H_kv + h_kv): every query head of that head's
+// The CTAs are persistent, one per SM (at most one per tile); a tile is one block of 128 keys of one K/V head. CTA c
+// starts with tile c; its producer claims each next one from the workspace's counter (#CTAs + the count so far) as
+// it issues its tile's last stage, about two steps before the consumers finish it, and hands it to the CTA's other
+// roles through shared memory (bwd_publish_tile / bwd_next_tile). The list: without the mask, head-major, a head's
+// key blocks side by side, so the tiles running at once walk few heads' Q, dO and dQ through L2 together; causal,
+// heads in groups of max(1, #CTAs / key blocks), each group's tiles heaviest first (every head's key block 0, which
+// the most query blocks see, then block 1, ...): claimed in that order the CTAs' loads even out as a longest-first
+// greedy's do, while the tiles running at once still come from about two groups.
+struct BwdTile {
+  int n_block, bh_kv;
+};
+
+template <int kBlockN>
+__host__ __device__ inline int bwd_tiles(const FlashcoreParams& p) {
+  return fc::ceil_div(p.seq_len_kv, kBlockN) * p.batch * p.heads_kv;
+}
+
+template <int kBlockN>
+__host__ __device__ inline BwdTile bwd_tile_at(const FlashcoreParams& p, int t, int ctas) {
+  const unsigned u = t, n_blocks = fc::ceil_div(p.seq_len_kv, kBlockN), heads = p.batch * p.heads_kv;
+  if (!p.causal) return {static_cast<int>(u % n_blocks), static_cast<int>(u / n_blocks)};
+  const unsigned group = max(1u, ctas / n_blocks), per_group = group * n_blocks, g0 = u / per_group * group;
+  const unsigned r = u % per_group, size = min(group, heads - g0);
+  return {static_cast<int>(r / size), static_cast<int>(g0 + r % size)};
+}
+
+// The steps of the tile of key block n_block of K/V head bh_kv (b * H_kv + h_kv): every query head of that head's
 // group, and in each the query blocks that see any of its keys (causal, bottom-right: from the first row i with
 // i + S_kv - S >= the block's first key). Host and device: tests/fixtures/hosts/v12_bwd_steps.cu checks them.
 struct BwdSteps {
   int bh0, m_first, m_blocks, count;
   __host__ __device__ int bh(int step) const { return bh0 + step / m_blocks; }
   __host__ __device__ int m0(int step, int block_m) const { return (m_first + step % m_blocks) * block_m; }
+  // From step's (bh, query block m) to the next step's, without bh() and m0()'s divisions (the producer's 24
+  // registers): bh(step + 1) and m0(step + 1) / block_m.
+  __host__ __device__ void advance(int& bh, int& m) const {
+    if (++m == m_first + m_blocks) {
+      m = m_first;
+      ++bh;
+    }
+  }
 };
 
 template <int kBlockN, int kBlockM>
 __host__ __device__ inline BwdSteps bwd_steps(const FlashcoreParams& p, int n_block, int bh_kv) {
   const int n0 = n_block * kBlockN, group = p.heads / p.heads_kv, first_row = n0 - fc::causal_offset(p);
   BwdSteps st;
-  st.bh0 = (bh_kv / p.heads_kv) * p.heads + (bh_kv % p.heads_kv) * group;
+  const unsigned kv = bh_kv, heads_kv = p.heads_kv;  // (unsigned: the producer's registers)
+  st.bh0 = static_cast<int>(kv / heads_kv) * p.heads + static_cast<int>(kv % heads_kv) * group;
   st.m_first = p.causal && first_row > 0 ? first_row / kBlockM : 0;
   st.m_blocks = fc::ceil_div(p.seq_len, kBlockM) - st.m_first;
   st.count = st.m_blocks > 0 ? st.m_blocks * group : 0;

@@ -20,7 +20,8 @@ struct Config {
   // setmaxnreg: what the producer keeps and what each consumer grows to (the register file is 64 K).
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 24;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536, "register file");
+  static_assert(fc::setmaxnreg_fits(kThreads, kProducerRegs, kConsumerRegs, kConsumers),
+                "setmaxnreg: the warpgroups' registers exceed the CTA's launch pool (the .inc would hang)");
   static constexpr int kPanels = kHeadDim / 64;           // 128-byte panels of 64 columns per row
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or V tile
