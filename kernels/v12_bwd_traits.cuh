@@ -1,12 +1,11 @@
-// v12_bwd_traits.cuh — v12's backward configuration: BwdConfig (head dim, queries per step; keys per CTA, the
+// v12_bwd_traits.cuh — v12's backward configuration: BwdConfig (head dim, queries per step; keys per tile, the
 // warpgroups, the register split, how the two consumers share dQ_i, the shared-memory layout), the mbarriers and
-// tensor maps a CTA holds. Read by mainloop_bwd_sm90.cuh and v12_bwd.cu.
+// tensor maps a CTA holds, the tile list and a tile's steps. Read by mainloop_bwd_sm90.cuh and v12_bwd.cu.
 #pragma once
 
 #include "bwd_passes.cuh"
 #include "flashcore.h"
 #include "hopper.cuh"
-#include "tile_scheduler_sm90.cuh"
 
 struct BwdBarriers {
   uint64_t kv_full, kv_empty;     // the tile's K_j and V_j landed / read by both consumers' last products
@@ -20,7 +19,7 @@ template <int kHeadDim_, int kBlockM_>
 struct BwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // Br: queries per step
-  static constexpr int kBlockN = 128;       // Bc: keys per CTA, 64 per consumer warpgroup (wgmma's M)
+  static constexpr int kBlockN = 128;       // Bc: keys per tile, 64 per consumer warpgroup (wgmma's M)
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = fc::kWarpgroupThreads * (1 + kConsumers);  // + the producer warpgroup
   static constexpr int kProducerRegs = 24;
