@@ -1,11 +1,11 @@
 // bwd_dq_sm90.cuh — dQ_i in v12's backward: each consumer's product (dS K_j, or transposed at 80 queries per step),
 // its staging in shared memory in the TMA box's layout, the reduce-add into the fp32 accumulator, and the producer
-// warp that issues it (V12_BWD_DQ_WARP); with the CTA's shared memory and barriers they share. Read by
-// mainloop_bwd_sm90.cuh.
+// warp that issues it (V12_BWD_DQ_WARP). Read by mainloop_bwd_sm90.cuh.
 #pragma once
 
 #include "flashcore.h"
 #include "hopper.cuh"
+#include "producer_bwd_sm90.cuh"
 #include "tma.cuh"
 #include "v12_bwd_traits.cuh"
 
@@ -14,33 +14,6 @@
 constexpr int kDqBarrier = 2;  // + g: consumer g's dQ staged (128 threads)
 constexpr int kDqFull = 4;     // + g (V12_BWD_DQ_WARP): consumer g's dQ staged, for the dQ warp (128 + 32 threads)
 constexpr int kDqEmpty = 6;    // + g (V12_BWD_DQ_WARP): the dQ warp has read consumer g's staged tile (128 + 32)
-
-__device__ __forceinline__ unsigned char* v12_bwd_smem() { return fc::dynamic_smem_1024(); }
-
-template <class Cfg>
-__device__ __forceinline__ BwdBarriers& bwd_barriers() {
-  return *reinterpret_cast<BwdBarriers*>(v12_bwd_smem() + Cfg::kBarOffset);
-}
-
-// The producer: round r's tile index (>= bwd_tiles: none left) into slot r % 2 once every reader has taken round
-// r - 2's from it.
-template <class Cfg>
-__device__ __forceinline__ void bwd_publish_tile(int round, int t) {
-  BwdBarriers& bars = bwd_barriers<Cfg>();
-  fc::mbarrier_wait_parity(&bars.tile_empty[round & 1], ((round >> 1) & 1) ^ 1);
-  *reinterpret_cast<volatile int*>(&bars.tile_slot[round & 1]) = t;
-  fc::mbarrier_arrive(&bars.tile_full[round & 1]);
-}
-
-// Every other role: round r's tile index, as the producer published it.
-template <class Cfg>
-__device__ __forceinline__ int bwd_next_tile(int round) {
-  BwdBarriers& bars = bwd_barriers<Cfg>();
-  fc::mbarrier_wait_parity(&bars.tile_full[round & 1], (round >> 1) & 1);
-  const int t = *reinterpret_cast<volatile int*>(&bars.tile_slot[round & 1]);
-  fc::mbarrier_arrive(&bars.tile_empty[round & 1]);
-  return t;
-}
 
 // Consumer g's staged dQ tile (two panels of [kDqRows rows][32 fp32], 128-byte swizzled) reduce-added by TMA into
 // the fp32 accumulator at query rows m0.. of head bh, as one bulk group; one thread calls it.
@@ -63,12 +36,9 @@ template <class Cfg>
 __device__ __forceinline__ void bwd_dq_writer(const FlashcoreBackwardParams& b, const BwdMaps& maps) {
   unsigned char* smem = v12_bwd_smem();
   const bool leader = threadIdx.x % 32 == 0;
-  const int tiles = bwd_tiles<Cfg::kBlockN>(b.fwd);
   int it = 0;  // the CTA's steps so far, over its tiles
-  for (int round = 0;; ++round) {
-    const int t = bwd_next_tile<Cfg>(round);
-    if (t >= tiles) break;
-    const BwdTile tile = bwd_tile_at<Cfg::kBlockN>(b.fwd, t, gridDim.x);
+  BwdTile tile;
+  for (int round = 0; bwd_take_tile<Cfg>(b.fwd, round, tile); ++round) {
     const BwdSteps steps = bwd_steps<Cfg::kBlockN, Cfg::kBlockM>(b.fwd, tile.n_block, tile.bh_kv);
     int bh = steps.bh0, m = steps.m_first;
 #pragma unroll 1

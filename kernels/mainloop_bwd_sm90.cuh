@@ -1,9 +1,9 @@
 // mainloop_bwd_sm90.cuh — v12's backward kernel: persistent CTAs, each running tiles (a block of 128 keys of one
 // K/V head) that its producer thread claims from a counter; that thread streams each step's Q_i, dO_i, LSE_i, D_i
 // by TMA into two stages, another loads each tile's K_j, V_j, and two consumer warpgroups of 64 keys each run the
-// five products on wgmma (the kernel and its roles below). The passes before and after it are bwd_passes.cuh's;
-// dQ_i's product, staging and reduce-add, and the tile hand-over, bwd_dq_sm90.cuh's; the configuration and the
-// tile list v12_bwd_traits.cuh; the launcher v12_bwd.cu.
+// five products on wgmma (the consumer step and the kernel below). The passes before and after it are
+// bwd_passes.cuh's; the loads and the tile hand-over producer_bwd_sm90.cuh's; dQ_i's product, staging and
+// reduce-add bwd_dq_sm90.cuh's; the configuration and the tile list v12_bwd_traits.cuh's; the launcher v12_bwd.cu.
 #pragma once
 
 #include "bwd_dq_sm90.cuh"
@@ -11,6 +11,7 @@
 #include "consumer_sm90.cuh"
 #include "flashcore.h"
 #include "hopper.cuh"
+#include "producer_bwd_sm90.cuh"
 #include "tma.cuh"
 #include "v12_bwd_traits.cuh"
 
@@ -51,55 +52,6 @@
 constexpr int kDsBarrier = 1;  // named barrier: both consumers' dS^T stored (256 threads)
 // The threads that read each round's tile from the producer: the K/V loader, the dQ warp, both consumers.
 constexpr int kTileReaders = 1 + (V12_BWD_DQ_WARP != 0 ? 32 : 0) + 2 * fc::kWarpgroupThreads;
-
-// One thread: each step's Q_i, dO_i (TMA) and LSE_i, D_i (bulk copies) into stage (the CTA's step count) % 2, over
-// the CTA's tiles, which it claims and publishes to the other roles (v12_bwd_traits.cuh, bwd_tile_at).
-template <class Cfg>
-__device__ __forceinline__ void bwd_producer(const FlashcoreBackwardParams& b, const Workspace& w, const BwdMaps& maps) {
-  BwdBarriers& bars = bwd_barriers<Cfg>();
-  unsigned char* smem = v12_bwd_smem();
-  const int tiles = bwd_tiles<Cfg::kBlockN>(b.fwd);
-  int it = 0, t = blockIdx.x;  // the CTA's steps so far, over its tiles; this round's tile
-  for (int round = 0;; ++round) {
-    bwd_publish_tile<Cfg>(round, t);
-    if (t >= tiles) break;
-    const BwdTile tile = bwd_tile_at<Cfg::kBlockN>(b.fwd, t, gridDim.x);
-    const BwdSteps steps = bwd_steps<Cfg::kBlockN, Cfg::kBlockM>(b.fwd, tile.n_block, tile.bh_kv);
-    int bh = steps.bh0, m = steps.m_first;
-    for (int step = 0; step < steps.count; ++step, ++it, steps.advance(bh, m)) {
-      const int s = it & 1, m0 = m * Cfg::kBlockM;
-      fc::mbarrier_wait_parity(&bars.empty[s], ((it >> 1) & 1) ^ 1);
-      fc::mbarrier_arrive_expect_bytes(&bars.full[s], 2 * Cfg::kQBytes + Cfg::kStatsBytes);
-      fc::tma_load_4d(smem + Cfg::kQOffset + s * Cfg::kQBytes, &maps.q, 0, m0, 0, bh, &bars.full[s]);
-      fc::tma_load_4d(smem + Cfg::kDoOffset + s * Cfg::kQBytes, &maps.d_o, 0, m0, 0, bh, &bars.full[s]);
-      float* stats = reinterpret_cast<float*>(smem + Cfg::kStatsOffset + s * Cfg::kStatsBytes);
-      const size_t row = static_cast<size_t>(bh) * static_cast<unsigned>(w.padded_rows) + m0;
-      fc::bulk_load(stats, w.lse2 + row, Cfg::kBlockM * 4, &bars.full[s]);
-      fc::bulk_load(stats + Cfg::kBlockM, w.dsum + row, Cfg::kBlockM * 4, &bars.full[s]);
-    }
-    // the next tile, claimed as this one's last stage goes out
-    t = static_cast<int>(gridDim.x) + atomicAdd(w.tile_counter, 1);
-  }
-}
-
-// Another thread: each tile's K_j and V_j, once both consumers are done with the tile before (their last products
-// read K and V), so the next tile's load runs under the consumers' dK, dV stores.
-template <class Cfg>
-__device__ __forceinline__ void bwd_kv_loader(const FlashcoreParams& p, const BwdMaps& maps) {
-  BwdBarriers& bars = bwd_barriers<Cfg>();
-  unsigned char* smem = v12_bwd_smem();
-  const int tiles = bwd_tiles<Cfg::kBlockN>(p);
-  for (int round = 0;; ++round) {
-    const int t = bwd_next_tile<Cfg>(round);
-    if (t >= tiles) break;
-    const BwdTile tile = bwd_tile_at<Cfg::kBlockN>(p, t, gridDim.x);
-    const int n0 = tile.n_block * Cfg::kBlockN;
-    fc::mbarrier_wait_parity(&bars.kv_empty, (round & 1) ^ 1);
-    fc::mbarrier_arrive_expect_bytes(&bars.kv_full, 2 * Cfg::kKVBytes);
-    fc::tma_load_4d(smem + Cfg::kKOffset, &maps.k, 0, n0, 0, tile.bh_kv, &bars.kv_full);
-    fc::tma_load_4d(smem + Cfg::kVOffset, &maps.v, 0, n0, 0, tile.bh_kv, &bars.kv_full);
-  }
-}
 
 // P^T = exp2(S^T * scale log2 e - LSE_i log2 e) in place, on a 64-key x kBlockM tile whose columns are queries
 // (this thread: columns 8j + 2(t%4) + {0, 1}; rows r, r + 8 of its warp's 16 keys). Causal: keys right of a
@@ -197,11 +149,8 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
   // the CTA's steps so far, over its tiles: stages and dS buffers alternate over them, and step it's dQ tile is the
   // CTA's it-th (each waits for the dQ warp to have read the one before)
   int it = 0;
-  const int tiles = bwd_tiles<Cfg::kBlockN>(p);
-  for (int round = 0;; ++round) {
-    const int t = bwd_next_tile<Cfg>(round);
-    if (t >= tiles) break;
-    const BwdTile tile = bwd_tile_at<Cfg::kBlockN>(p, t, gridDim.x);
+  BwdTile tile;
+  for (int round = 0; bwd_take_tile<Cfg>(p, round, tile); ++round) {
     const BwdSteps steps = bwd_steps<Cfg::kBlockN, Cfg::kBlockM>(p, tile.n_block, tile.bh_kv);
     const int n0 = tile.n_block * Cfg::kBlockN;
     float dv[kHeadDim / 2], dk[kHeadDim / 2];

@@ -21,9 +21,9 @@
 // Change from v11's backward: wgmma (HGMMA) instead of mma.sync + ldmatrix; TMA and producer threads instead of
 // cp.async from every thread; dS stored by stmatrix .trans; dQ reduced by TMA from every step; the consumers never
 // wait for each other within a step (dQ one step late); persistent CTAs claiming tiles instead of one CTA per tile.
-// Parts: v12_bwd_traits.cuh (configuration, layout, tile list), mainloop_bwd_sm90.cuh (the roles, the kernel),
-// bwd_dq_sm90.cuh (dQ_i's product, staging, reduce-add, the dQ warp, the tile hand-over), bwd_passes.cuh (prep, dq),
-// consumer_sm90.cuh (the forward's GEMM and packing steps, reused).
+// Parts: v12_bwd_traits.cuh (configuration, layout, tile list), producer_bwd_sm90.cuh (the loads, the tile
+// hand-over), mainloop_bwd_sm90.cuh (the consumers, the kernel), bwd_dq_sm90.cuh (dQ_i's product, staging,
+// reduce-add, the dQ warp), bwd_passes.cuh (prep, dq), consumer_sm90.cuh (the forward's GEMM and packing steps).
 //
 // Configuration: D = 64: 128 queries per step (dQ tiles split by rows), D = 128: 64 (split by columns); 2 stages;
 // dS double-buffered; 194-195 KB; registers 24 (producer warpgroup) / 240 (consumers), the whole pool of a

@@ -70,11 +70,11 @@ struct BwdMaps {
 // The CTAs are persistent, one per SM (at most one per tile); a tile is one block of 128 keys of one K/V head. CTA c
 // starts with tile c; its producer claims each next one from the workspace's counter (#CTAs + the count so far) as
 // it issues its tile's last stage, about two steps before the consumers finish it, and hands it to the CTA's other
-// roles through shared memory (bwd_publish_tile / bwd_next_tile). The list: without the mask, head-major, a head's
-// key blocks side by side, so the tiles running at once walk few heads' Q, dO and dQ through L2 together; causal,
-// heads in groups of max(1, #CTAs / key blocks), each group's tiles heaviest first (every head's key block 0, which
-// the most query blocks see, then block 1, ...): claimed in that order the CTAs' loads even out as a longest-first
-// greedy's do, while the tiles running at once still come from about two groups.
+// roles through shared memory (producer_bwd_sm90.cuh: bwd_publish_tile, bwd_take_tile). The list: without the mask,
+// head-major, a head's key blocks side by side, so the tiles running at once walk few heads' Q, dO and dQ through L2
+// together; causal, heads in groups of max(1, #CTAs / key blocks), each group's tiles heaviest first (every head's
+// key block 0, which the most query blocks see, then block 1, ...): claimed in that order the CTAs' loads even out
+// as a longest-first greedy's do, while the tiles running at once still come from about two groups.
 struct BwdTile {
   int n_block, bh_kv;
 };
