@@ -246,6 +246,14 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t 
                             : "memory"));
 }
 
+// stmatrix.sync.aligned.m8n8.x4.shared.b16: the same four tiles stored as they are (lanes 8i .. 8i+7 give the
+// addresses of tile i's eight rows, 16 bytes each). sm_90.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  FC_SM90_ONLY(asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+                            "r"(r[1]), "r"(r[2]), "r"(r[3])
+                            : "memory"));
+}
+
 // This thread's lane index, read with a volatile instruction: the compiler cannot hoist it out of a loop, so an
 // address derived from it is recomputed where it is used instead of held in a register across the loop body.
 __device__ __forceinline__ int lane_id_volatile() {

@@ -3,12 +3,14 @@
 // by TMA into two stages, another loads each tile's K_j, V_j, and two consumer warpgroups of 64 keys each run the
 // five products on wgmma (the consumer step and the kernel below). The passes before and after it are
 // bwd_passes.cuh's; the loads and the tile hand-over producer_bwd_sm90.cuh's; dQ_i's product, staging and
-// reduce-add bwd_dq_sm90.cuh's; the configuration and the tile list v12_bwd_traits.cuh's; the launcher v12_bwd.cu.
+// reduce-add bwd_dq_sm90.cuh's; a tile's dK and dV out epilogue_bwd_sm90.cuh's; the configuration and the tile list
+// v12_bwd_traits.cuh's; the launcher v12_bwd.cu.
 #pragma once
 
 #include "bwd_dq_sm90.cuh"
 #include "bwd_passes.cuh"
 #include "consumer_sm90.cuh"
+#include "epilogue_bwd_sm90.cuh"
 #include "flashcore.h"
 #include "hopper.cuh"
 #include "producer_bwd_sm90.cuh"
@@ -285,23 +287,18 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
     }
     fc::mbarrier_arrive(&bars.kv_empty);  // every thread: its products that read K_j and V_j are done
 
-    // dK = scale dS^T Q, dV = P^T dO for this warpgroup's 64 keys (rows at or past S_kv are not written)
-    const size_t kv_base = static_cast<size_t>(tile.bh_kv) * p.seq_len_kv * kHeadDim;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int key = n0 + key_row() + 8 * h;
-      if (key >= p.seq_len_kv) continue;
-      T* dk_row = fc::tensor<T>(b.dk) + kv_base + static_cast<size_t>(key) * kHeadDim;
-      T* dv_row = fc::tensor<T>(b.dv) + kv_base + static_cast<size_t>(key) * kHeadDim;
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        const int col = 8 * j + 2 * (threadIdx.x % 4);
-        *reinterpret_cast<uint32_t*>(dk_row + col) =
-            pack2<T>(dk[4 * j + 2 * h] * p.scale, dk[4 * j + 2 * h + 1] * p.scale);
-        *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<T>(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
-      }
+    // dK = scale dS^T Q, dV = P^T dO for this warpgroup's 64 keys (epilogue_bwd_sm90.cuh)
+    if constexpr (Cfg::kEpiStaged) {
+      unsigned char* epi = smem + Cfg::kEpiOffset + g * Cfg::kEpiBytes;
+      store_rows_staged<Cfg, T>(dv, 1.f, &maps.dv, epi, n0 + 64 * g, tile.bh_kv, g, warp, lane());
+      store_rows_staged<Cfg, T>(dk, p.scale, &maps.dk, epi, n0 + 64 * g, tile.bh_kv, g, warp, lane());
+    } else {
+      const size_t kv_base = static_cast<size_t>(tile.bh_kv) * p.seq_len_kv * kHeadDim;
+      store_rows_direct<Cfg, T>(dk, p.scale, fc::tensor<T>(b.dk) + kv_base, n0, p.seq_len_kv, key_row());
+      store_rows_direct<Cfg, T>(dv, 1.f, fc::tensor<T>(b.dv) + kv_base, n0, p.seq_len_kv, key_row());
     }
   }
+  if (Cfg::kEpiStaged && tid0) fc::tma_store_wait<0>();  // the last tile's dK, dV written before the CTA ends
 }
 
 template <int kHeadDim, int kBlockM, typename T>

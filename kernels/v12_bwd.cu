@@ -11,7 +11,8 @@
 //   dS   -> shared memory (stmatrix .trans: queries x keys), into one of two buffers handed over on mbarriers,
 //   dQ_{i-1} = dS_{i-1} K_j (one step late: both halves of dS_{i-1} stored in the last step)   wgmma SS
 // and each consumer's dQ tile (64 x 64), staged in shared memory, goes out by TMA reduce-add (fp32, into the
-// accumulator every key block adds to), issued by a warp of the producer warpgroup. The stage thread claims the
+// accumulator every key block adds to), issued by a warp of the producer warpgroup; at a tile's end each consumer's
+// dV and dK go through a staging tile of its own (stmatrix) and out by TMA store. The stage thread claims the
 // CTA's next tile from a counter as it issues a tile's last stage; causal lists go heaviest first within groups of
 // heads (v12_bwd_traits.cuh), so the claims even the SMs' loads out. Passes around it (bwd_passes.cuh, shared with
 // v11): prep (D = rowsum(dO o O) from the fp32 O, LSE log2 e, accumulator and counter zeroed) and dq (accumulator
@@ -20,17 +21,20 @@
 //
 // Change from v11's backward: wgmma (HGMMA) instead of mma.sync + ldmatrix; TMA and producer threads instead of
 // cp.async from every thread; dS stored by stmatrix .trans; dQ reduced by TMA from every step; the consumers never
-// wait for each other within a step (dQ one step late); persistent CTAs claiming tiles instead of one CTA per tile.
+// wait for each other within a step (dQ one step late); persistent CTAs claiming tiles instead of one CTA per tile;
+// dK, dV stored by TMA from shared memory instead of 4-byte stores from every thread.
 // Parts: v12_bwd_traits.cuh (configuration, layout, tile list), producer_bwd_sm90.cuh (the loads, the tile
 // hand-over), mainloop_bwd_sm90.cuh (the consumers, the kernel), bwd_dq_sm90.cuh (dQ_i's product, staging,
-// reduce-add, the dQ warp), bwd_passes.cuh (prep, dq), consumer_sm90.cuh (the forward's GEMM and packing steps).
+// reduce-add, the dQ warp), epilogue_bwd_sm90.cuh (dK, dV out), bwd_passes.cuh (prep, dq), consumer_sm90.cuh (the
+// forward's GEMM and packing steps).
 //
 // Configuration: D = 64: 128 queries per step (dQ tiles split by rows), D = 128: 64 (split by columns); 2 stages;
-// dS double-buffered; 194-195 KB; registers 24 (producer warpgroup) / 240 (consumers), the whole pool of a
-// 384-thread CTA (fc::setmaxnreg_fits: at 32 / 240 every launch hung). V12_BWD_DQ_LAG, V12_BWD_DQ_WARP (default 1);
-// every consumer thread arrives on a stage's empty barrier (racecheck found lane 0 alone racing the refill); shared
-// memory addressed by name (fc::dynamic_smem_1024: LDS/STS, not generic LD.E/ST.E). V12_BWD_MAX_CTAS caps the grid
-// (a test knob: with 2 CTAs every shape runs many tiles per CTA).
+// dS double-buffered; 212 KB at D = 64, 227 KB at D = 128 (at 80 queries per step the dK/dV staging tiles do
+// not fit, and each thread stores its own fragments); registers 24 (producer warpgroup) / 240 (consumers), the
+// whole pool of a 384-thread CTA (fc::setmaxnreg_fits: at 32 / 240 every launch hung). V12_BWD_DQ_LAG,
+// V12_BWD_DQ_WARP (default 1); every consumer thread arrives on a stage's empty barrier (racecheck found lane 0
+// alone racing the refill); shared memory addressed by name (fc::dynamic_smem_1024: LDS/STS, not generic
+// LD.E/ST.E). V12_BWD_MAX_CTAS caps the grid (a test knob: with 2 CTAs every shape runs many tiles per CTA).
 //
 // Run:  flashcore test v12 && flashcore bench v12 --pass bwd --shape 2,16,4096,128 --causal
 //
@@ -38,24 +42,24 @@
 // step's runs: docs/ladder.md "v12's backward" and the sections after it):
 // - first cut 0.85-0.95x cuDNN; dQ first 1.5-3.4% at two of three rows; the dQ warp 2.6-7.1%; shared memory by name
 //   1.1-2.7%; the dQ lag 7.4% at 2,16,4096,64, 4.1% at 64 causal, 7.1% at 1,16,16384,64, none at 2,16,4096,128;
-//   persistent CTAs claiming tiles 11.1% at 2,16,4096,64 causal, 3.3% at 2,16,4096,128 causal, within 1% at the
-//   other four rows (docs/results/h200-v12-bwd-persistent-2026-11-27.json). This build, us (v12 / cuDNN):
-//     2,16,4096,128   1387.2 / 1276.9: 0.92x     2,16,4096,128 causal   742.9 /  777.1: 1.05x
-//     2,16,4096,64     727.5 /  788.9: 1.08x     2,16,4096,64 causal    405.4 /  501.5: 1.24x
-//     1,16,16384,64   5687.5 / 6278.8: 1.10x     1,16,16384,128 causal 5225.0 / 5311.7: 1.02x
-//   fwd+bwd: 2,16,4096,128 0.94x, 2,16,4096,64 causal 1.17x, 1,16,16384,64 1.10x
-//   (docs/results/h200-v12-fwdbwd-persistent-2026-11-27.json).
-// - `flashcore test v12` 216 OK; the 2-CTA build 216 OK, racecheck, synccheck, memcheck clean at 1,4:2,300,128
-//   causal; 2000 random launches with gradients all OK, worst 0.94 (v12-bwd-persistent-checks-2026-11-27.txt).
+//   persistent CTAs claiming tiles 11.1% at 2,16,4096,64 causal, 3.3% at 2,16,4096,128 causal; dK, dV by TMA
+//   store 7.6% at 2,16,4096,128, 2.4% at 128 causal, 3.6% at 2,16,4096,64, 1.3% at 64 causal, 1.1% at 1,16,16384,128
+//   causal, -1.6% at 1,16,16384,64 (phase clocks: a tile's end 217 -> 99 cycles per step; docs/ladder.md "Staged
+//   dK, dV"). This build, us (v12 / cuDNN; docs/results/h200-v12-bwd-epilogue-2026-11-27.json):
+//     2,16,4096,128   1275.6 / 1262.1: 0.99x     2,16,4096,128 causal   685.5 /  778.6: 1.14x
+//     2,16,4096,64     707.8 /  778.0: 1.10x     2,16,4096,64 causal    398.2 /  501.7: 1.26x
+//     1,16,16384,64   5719.7 / 6217.7: 1.09x     1,16,16384,128 causal 5198.5 / 5315.1: 1.02x
+//   fwd+bwd: 2,16,4096,128 0.94x, 2,16,4096,64 causal 1.19x, 1,16,16384,64 1.09x (h200-v12-fwdbwd-epilogue-...).
+// - `flashcore test v12` 216 OK; the 2-CTA build 216 OK, racecheck clean at 1,4:2,300,128 and 1,4:2,200:97,64
+//   causal, synccheck and memcheck at 1,4:2,300,128 causal; 2000 random launches with gradients all OK, worst 0.97
+//   (v12-bwd-epilogue-checks-2026-11-27.txt).
 // Tried, not kept (docs/ladder.md has each run): dQ added from registers by red.global.add (10-15% slower);
 // V12_BWD_OVERLAP=1 (within 2%); V12_BWD_DQ_FIRST=0 (no target row moves); V12_BWD_M80 (FA3's 80 queries at
 // D = 128: no faster); the consumers taking turns to issue S^T, dP^T (within 1.4%); tiles dealt in static snake
-// rounds, causal heaviest first over all heads: 8.8% faster at 2,16,4096,64 causal but 6.4% slower at
-// 1,16,16384,128 causal, where the tiles running at once spanned all 16 heads' Q, dO and dQ (128 MB against 60 MB
-// of L2).
-// Not reached: 2,16,4096,128 at 0.92-0.97x cuDNN in every run. Traced at HEAD~ (one run, short, cool): v12's main
-// kernel 1176 us against cuDNN's 1158; ncu at locked clocks 1541 against 1488 us, tensor pipe 63.8% against 65.9%:
-// the gap is cycles in the main kernel (docs/ladder.md "Persistent tiles").
+// rounds (6.4% slower at 1,16,16384,128 causal: the tiles running at once spanned all 16 heads' Q, dO and dQ); three
+// Q_i/dO_i stages at D = 128 (0.0% and 1.1%: the consumers' waits on a stage are not the loads').
+// Not reached: 2,16,4096,128 at 0.99-1.00x cuDNN in four bench runs (fwd+bwd 0.94x and 0.98x in two), where v12
+// runs after SDPA's rows; back to back at the 700 W cap, 1388 us against cuDNN's 1462-1469 at the same clock (1.05x).
 #include "bwd_passes.cuh"
 #include "flashcore.h"
 #include "hopper.cuh"
@@ -94,6 +98,8 @@ const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
       !fc::encode_panel_map(&maps.d_o, kType, b.d_o, bh, p.seq_len, kHeadDim, Cfg::kBlockM, Cfg::kPanels) ||
       !fc::encode_panel_map(&maps.k, kType, p.k, bh_kv, p.seq_len_kv, kHeadDim, Cfg::kBlockN, Cfg::kPanels) ||
       !fc::encode_panel_map(&maps.v, kType, p.v, bh_kv, p.seq_len_kv, kHeadDim, Cfg::kBlockN, Cfg::kPanels) ||
+      !fc::encode_panel_map(&maps.dk, kType, b.dk, bh_kv, p.seq_len_kv, kHeadDim, 64, Cfg::kPanels) ||
+      !fc::encode_panel_map(&maps.dv, kType, b.dv, bh_kv, p.seq_len_kv, kHeadDim, 64, Cfg::kPanels) ||
       !fc::encode_tensor_map<3>(&maps.dq, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, w.dq_accum,
                                 {static_cast<cuuint64_t>(kHeadDim), static_cast<cuuint64_t>(p.seq_len),
                                  static_cast<cuuint64_t>(heads)},

@@ -39,7 +39,8 @@ struct BwdConfig {
   static_assert((kDqByRows ? kHeadDim : kHeadDim / 2) == 64 && (kDqSwapAB || kDqRows == 64),
                 "dQ: two tiles of 64 columns, 64 query rows (or dQ^T's 80)");
   // Shared memory, every tile 1024-byte aligned (the swizzle atom): K_j | V_j | (Q_i, dO_i) x 2 stages |
-  // dS x 2 | dQ staging x 2 consumers | (LSE_i log2 e, D_i) x 2 stages | mbarriers.
+  // dS x 2 | dQ staging x 2 consumers | (LSE_i log2 e, D_i) x 2 stages | mbarriers | a dK/dV staging tile per
+  // consumer (dV, then dK through it; where it fits: kEpiStaged).
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // K_j or V_j: kPanels panels of [kBlockN][128 B]
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // Q_i or dO_i: kPanels panels of [kBlockM][128 B]
   static constexpr int kDsBytes = kBlockM * kBlockN * 2;   // dS (queries x keys): 2 panels of [kBlockM][128 B]
@@ -53,7 +54,10 @@ struct BwdConfig {
   static constexpr int kStatsOffset = kDqOffset + kConsumers * kDqBytes;  // stage s: lse2 [kBlockM], dsum [kBlockM]
   static constexpr int kStatsBytes = 2 * kBlockM * 4;
   static constexpr int kBarOffset = kStatsOffset + 2 * kStatsBytes;
-  static constexpr int kSmemBytes = kBarOffset + 128 + 1024;  // BwdBarriers, + alignment slack
+  static constexpr int kEpiOffset = (kBarOffset + 128 + 1023) / 1024 * 1024;  // BwdBarriers, to the swizzle atom
+  static constexpr int kEpiBytes = 64 * kHeadDim * 2;   // one consumer's dK or dV rows: kPanels panels of [64][128 B]
+  static constexpr bool kEpiStaged = kEpiOffset + kConsumers * kEpiBytes + 1024 <= 227 * 1024;
+  static constexpr int kSmemBytes = (kEpiStaged ? kEpiOffset + kConsumers * kEpiBytes : kBarOffset + 128) + 1024;  // + alignment slack
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 && kDqBytes % 2048 == 0,
                 "swizzle alignment");
   static_assert(kBlockM % 16 == 0 && (kPadRows % kBlockM == 0 || kBlockM == kPadRows80),
@@ -65,6 +69,7 @@ struct BwdConfig {
 struct BwdMaps {
   CUtensorMap q, d_o, k, v;  // 128-byte panels (hopper.cuh's encode_panel_map)
   CUtensorMap dq;            // the fp32 dQ accumulator [B * H][S][D], boxes of 32 columns x 64 rows
+  CUtensorMap dk, dv;        // the gradients [B * H_kv][S_kv][D], 128-byte panels, boxes of 64 rows (kEpiStaged)
 };
 
 // The CTAs are persistent, one per SM (at most one per tile); a tile is one block of 128 keys of one K/V head. CTA c
