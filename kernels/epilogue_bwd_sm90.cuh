@@ -20,9 +20,9 @@ constexpr int kEpiBarrier = 8;  // + g: consumer g's staging tile free, then wri
 // scale into the staging tile, then stored by TMA at rows first_row.. of head bh_kv. One 16 x 16 block per
 // stmatrix: its four 8 x 8 tiles are (rows +0, +8) x (columns +0, +8), lane l giving row l % 8 of tile l / 8.
 template <class Cfg, typename T>
-__device__ __forceinline__ void store_rows_staged(const float (&acc)[Cfg::kHeadDim / 2], float scale, const CUtensorMap* map,
-                                                  unsigned char* tile, int first_row, int bh_kv, int g, int warp,
-                                                  int lane) {
+__device__ __forceinline__ void store_rows_staged(const float (&acc)[Cfg::kHeadDim / 2], float scale,
+                                                  const CUtensorMap* map, unsigned char* tile, int first_row,
+                                                  int bh_kv, int g, int warp, int lane) {
   const bool tid0 = threadIdx.x % fc::kWarpgroupThreads == 0;
   if (tid0) fc::tma_store_wait_read<0>();  // the last store from this tile has read it
   fc::named_barrier_sync(kEpiBarrier + g, fc::kWarpgroupThreads);

@@ -57,7 +57,8 @@ struct BwdConfig {
   static constexpr int kEpiOffset = (kBarOffset + 128 + 1023) / 1024 * 1024;  // BwdBarriers, to the swizzle atom
   static constexpr int kEpiBytes = 64 * kHeadDim * 2;   // one consumer's dK or dV rows: kPanels panels of [64][128 B]
   static constexpr bool kEpiStaged = kEpiOffset + kConsumers * kEpiBytes + 1024 <= 227 * 1024;
-  static constexpr int kSmemBytes = (kEpiStaged ? kEpiOffset + kConsumers * kEpiBytes : kBarOffset + 128) + 1024;  // + alignment slack
+  static constexpr int kSmemBytes =  // + alignment slack
+      (kEpiStaged ? kEpiOffset + kConsumers * kEpiBytes : kBarOffset + 128) + 1024;
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 && kDqBytes % 2048 == 0,
                 "swizzle alignment");
   static_assert(kBlockM % 16 == 0 && (kPadRows % kBlockM == 0 || kBlockM == kPadRows80),

@@ -195,8 +195,9 @@ def table(rows: dict[int, list[int]]) -> str:
     lines.append(f"    {'attributed, per step':36s} {totals[0] / steps[0]:6.0f}          {totals[1] / steps[1]:6.0f}")
     x = rows[2]
     n = max(x[6], 1)
-    lines.append(f"  per step: producer waits on empty {x[0] / n:.0f}; K/V thread on kv_empty {x[1] / n:.0f}; dQ warp on "
-                 f"the reduce-add's read {x[2] / n:.0f}, on consumer 0 {x[3] / n:.0f}, on consumer 1 {x[4] / n:.0f}")
+    lines.append(f"  per step: producer waits on empty {x[0] / n:.0f}; K/V thread on kv_empty {x[1] / n:.0f}; "
+                 f"dQ warp on the reduce-add's read {x[2] / n:.0f}, on consumer 0 {x[3] / n:.0f}, "
+                 f"on consumer 1 {x[4] / n:.0f}")
     return "\n".join(lines)
 
 
@@ -208,12 +209,14 @@ def run(root: str, shapes: list[str]) -> None:
     from flashcore_cli.api import load_variant
     from flashcore_cli.registry.shapes import parse_shape
 
-    variants = [("v12", load_variant("v12")), ("v12phases", load_variant("v12phases", registry=os.path.join(root, "registry.yaml")))]
+    registry = os.path.join(root, "registry.yaml")
+    variants = [("v12", load_variant("v12")), ("v12phases", load_variant("v12phases", registry=registry))]
     for spec in shapes:
         causal = spec.endswith("c")
         s = parse_shape(spec.rstrip("c"))
-        q = torch.randn(s.batch, s.heads, s.seq_len, s.head_dim, device="cuda", dtype=torch.float16, requires_grad=True)
-        k = torch.randn(s.batch, s.heads_kv, s.seq_len_kv, s.head_dim, device="cuda", dtype=torch.float16, requires_grad=True)
+        half = {"device": "cuda", "dtype": torch.float16, "requires_grad": True}
+        q = torch.randn(s.batch, s.heads, s.seq_len, s.head_dim, **half)
+        k = torch.randn(s.batch, s.heads_kv, s.seq_len_kv, s.head_dim, **half)
         v = torch.randn_like(k, requires_grad=True)
         d_o = torch.randn_like(q)
         for name, attn in variants:
