@@ -37,7 +37,6 @@
 // LD.E/ST.E). V12_BWD_MAX_CTAS caps the grid (a test knob: with 2 CTAs every shape runs many tiles per CTA).
 //
 // Run:  flashcore test v12 && flashcore bench v12 --pass bwd --shape 2,16,4096,128 --causal
-//
 // Measured (H200, cold, the backward alone, one bench per row beside SDPA's backends and the build before; every
 // step's runs: docs/ladder.md "v12's backward" and the sections after it):
 // - first cut 0.85-0.95x cuDNN; dQ first 1.5-3.4% at two of three rows; the dQ warp 2.6-7.1%; shared memory by name
@@ -50,9 +49,8 @@
 //     2,16,4096,64     707.8 /  778.0: 1.10x     2,16,4096,64 causal    398.2 /  501.7: 1.26x
 //     1,16,16384,64   5719.7 / 6217.7: 1.09x     1,16,16384,128 causal 5198.5 / 5315.1: 1.02x
 //   fwd+bwd: 2,16,4096,128 0.94x, 2,16,4096,64 causal 1.19x, 1,16,16384,64 1.09x (h200-v12-fwdbwd-epilogue-...).
-// - `flashcore test v12` 216 OK; the 2-CTA build 216 OK, racecheck clean at 1,4:2,300,128 and 1,4:2,200:97,64
-//   causal, synccheck and memcheck at 1,4:2,300,128 causal; 2000 random launches with gradients all OK, worst 0.97
-//   (v12-bwd-epilogue-checks-2026-11-27.txt).
+// - `flashcore test v12` 216 OK; the 2-CTA build 216 OK, its sanitizers clean; 2000 random launches with gradients
+//   all OK, worst 0.97 (v12-bwd-epilogue-checks-2026-11-27.txt).
 // Tried, not kept (docs/ladder.md has each run): dQ added from registers by red.global.add (10-15% slower);
 // V12_BWD_OVERLAP=1 (within 2%); V12_BWD_DQ_FIRST=0 (no target row moves); V12_BWD_M80 (FA3's 80 queries at
 // D = 128: no faster); the consumers taking turns to issue S^T, dP^T (within 1.4%); tiles dealt in static snake
