@@ -9,6 +9,7 @@
 #include "consumer_sm90.cuh"
 #include "flashcore.h"
 #include "hopper.cuh"
+#include "mma_sm80.cuh"
 #include "tma.cuh"
 #include "v12_bwd_traits.cuh"
 
@@ -27,14 +28,14 @@ __device__ __forceinline__ void store_rows_staged(const float (&acc)[Cfg::kHeadD
   if (tid0) fc::tma_store_wait_read<0>();  // the last store from this tile has read it
   fc::named_barrier_sync(kEpiBarrier + g, fc::kWarpgroupThreads);
   const int tile_of_lane = lane / 8, row = 16 * warp + lane % 8 + 8 * (tile_of_lane % 2);
-  const uint32_t base = fc::smem_addr(tile) + row * 128;
+  const uint32_t base = fc::smem_addr(tile);
 #pragma unroll
   for (int c = 0; c < Cfg::kHeadDim / 16; ++c) {
     const int col = 16 * c + 8 * (tile_of_lane / 2), panel = col / 64, chunk = (col % 64) / 8;
     const float* a = acc + 8 * c;  // columns 16c.. (j = 2c) and 16c + 8.. (j = 2c + 1)
     const uint32_t r[4] = {pack2<T>(a[0] * scale, a[1] * scale), pack2<T>(a[2] * scale, a[3] * scale),
                            pack2<T>(a[4] * scale, a[5] * scale), pack2<T>(a[6] * scale, a[7] * scale)};
-    fc::stmatrix_x4(base + panel * 64 * 128 + ((chunk ^ (row % 8)) << 4), r);
+    fc::stmatrix_x4(base + panel * 64 * 128 + fc::swizzle(row, chunk, 128), r);
   }
   fc::fence_proxy_async_shared();  // the writes above, before the TMA reads them
   fc::named_barrier_sync(kEpiBarrier + g, fc::kWarpgroupThreads);
