@@ -246,12 +246,15 @@ def bench(
                                        "(a variant that does not declare it: SKIP)")] = "fp16",
     passes: Annotated[str, typer.Option("--pass", help="what a timed call does: fwd, bwd (the backward of a saved forward) "
                                         "or fwd+bwd; backward FLOPs = 2.5 x forward")] = "fwd",
+    pair: Annotated[Optional[str], typer.Option("--pair", help="a reference row (e.g. sdpa-cudnn) also timed in each variant's "
+                                                "worker, its samples in turn with the variant's: the row REF~VARIANT "
+                                                "(cold mode)")] = None,
 ) -> int:
     """Time variants beside PyTorch SDPA (default and each backend) and the Triton reference, in one run."""
     from flashcore_cli.commands import cmd_bench
 
     return cmd_bench(ctx.obj["registry"], names, all_, shape, causal, reps, warmup, json_path, timeout, seed, arch, mode,
-                     dtype, passes)  # fmt: skip
+                     dtype, passes, pair)  # fmt: skip
 
 
 from flashcore_cli import cli_tools  # noqa: E402  (the instruments: sanitize, profile, sass, sweep, ...)

@@ -294,8 +294,9 @@ def _render_test(outcomes) -> None:
 
 # ---------------------------------------------------------------- bench
 def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json_path, timeout, seed, arch, mode=DEFAULT_MODE,
-              dtype_text="fp16", pass_text="fwd") -> int:  # fmt: skip
+              dtype_text="fp16", pass_text="fwd", pair=None) -> int:  # fmt: skip
     from flashcore_cli.measure.bench import MIN_REPS, BenchRun, bench_references, bench_variant, finish
+    from flashcore_cli.measure.references import REFERENCE_ROWS
     from flashcore_cli.check.correctness import new_seed, write_json
     from flashcore_cli.registry.shapes import MISSION_SHAPE, Case, parse_dtype, parse_pass, parse_shape
     from flashcore_cli.measure.modes import MODES, parse_modes
@@ -312,6 +313,10 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
         raise FlashcoreError("--warmup must be at least 1")
     if timeout <= 0:
         raise FlashcoreError("--timeout must be positive (seconds)")
+    if pair is not None and pair not in REFERENCE_ROWS:
+        raise FlashcoreError(f"--pair {pair!r}: expected a reference row, one of {', '.join(REFERENCE_ROWS)}")
+    if pair is not None and modes != ["cold"]:
+        raise FlashcoreError(f"--pair: paired samples are taken in cold mode only (not --mode {','.join(modes)})")
     _usable_paths(json_path, results=True)
     require_gpu("bench")
     arch = parse_arch(arch) if arch else parse_archs(None)[0]
@@ -331,8 +336,8 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
         for v in variants:
             bar.update(task, description=f"{v.name}: build, check, time")
             rows = bench_variant(reg, v, case, arch=arch, reps=reps, warmup=warmup, timeout=timeout, modes=modes,
-                                 passes=passes)  # fmt: skip
-            run.add({m: [row] for m, row in rows.items()})
+                                 passes=passes, pair=pair or "")  # fmt: skip
+            run.add({m: [row, *([row.paired] if row.paired else [])] for m, row in rows.items()})
             bar.advance(task)
     finish(run)
     render_bench(run)
@@ -392,6 +397,11 @@ def render_bench(run) -> None:
                 table.add_row(r.name, styled(r.status), *["-"] * 9,
                               (r.detail or "").splitlines()[0][:120] if r.detail else "")  # fmt: skip
         console.print(table)
+        for r in rows:  # --pair: the two rows of each pair, timed in turn
+            mine = next((x for x in rows if x.name == r.paired_with and x.kind == "variant"), None)
+            if r.paired_with and r.median and mine is not None and mine.median:
+                console.print(f"{mine.name} vs {r.name}, samples taken in turn (one clock and power state): "
+                              f"{r.median / mine.median:.2f}x ({r.name}'s median / {mine.name}'s)")  # fmt: skip
     if peaks is not None and peaks.tensor_tflops:
         console.print(f"peaks ({env.get('gpu', '?')}): tensor {peaks.tensor_tflops:.0f} TFLOP/s dense 16-bit "
                       f"({peaks.sm_count} SMs x {peaks.sm_clock_mhz} MHz x {peaks.tensor_flops_per_sm_clock} FLOP/clock), "

@@ -13,6 +13,7 @@ mode. Progress goes to the events file as JSON lines; the last line of a clean r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -115,23 +116,56 @@ def variant_call(attn, case: Case, passes: str):
 
 
 def _time(attn, case: Case, request: WorkRequest, events: Events) -> None:
-    from flashcore_cli.measure.modes import time_callable
-    from flashcore_cli.measure.timing import TimingError
+    """A "timing" event per mode (or "timing-skipped" with the reason); with request.pair, the reference row's
+    samples taken in turn with the variant's (modes.time_pair) and a "pair-timing" event beside each. A reference
+    that cannot run here ("pair-skipped" says why) leaves the variant timed alone."""
+    from flashcore_cli.measure.modes import time_callable, time_pair
 
     call = variant_call(attn, case, request.passes)
+    alone = lambda mode: (time_callable(call, mode=mode, reps=request.reps, warmup=request.warmup), None)  # noqa: E731
+    if not request.pair:
+        _time_modes(attn, case, request, events, alone)
+        return
+    from flashcore_cli.check.case import make_inputs
+    from flashcore_cli.measure.references import reference_functions
+
+    q, k, v = make_inputs(case)
+    rows = {name: (fn, context, why) for name, fn, context, why in reference_functions(q, k, v, case.causal, request.passes)}
+    fn, context, why_not = rows.get(request.pair, (None, None, f"no reference row is named {request.pair!r}"))
+    # entered once, around everything (a backend pin is a one-shot context manager); the variant makes no SDPA call
+    with context or contextlib.nullcontext():
+        if fn is not None:
+            try:
+                fn()
+            except Exception as exc:  # a backend that cannot run this shape
+                fn, why_not = None, _first_line(exc)
+        if fn is None:
+            events.emit("pair-skipped", name=request.pair, reason=why_not)
+            _time_modes(attn, case, request, events, alone)
+            return
+        paired = lambda mode: time_pair(call, fn, mode=mode, reps=request.reps, warmup=request.warmup)  # noqa: E731
+        _time_modes(attn, case, request, events, paired, f" paired with {request.pair}")
+
+
+def _time_modes(attn, case: Case, request: WorkRequest, events: Events, measure, what: str = "") -> None:
+    """measure(mode) -> (the variant's Timing, the paired reference's or None), in each mode of the request."""
+    from flashcore_cli.measure.timing import TimingError
+
     for mode in _modes(request):
         try:
-            timing = time_callable(call, mode=mode, reps=request.reps, warmup=request.warmup)
+            mine, theirs = measure(mode)
         except TimingError as exc:  # this mode cannot time the call: say why, go on with the next mode
             events.emit("timing-skipped", name=attn.name, key=attn.build.key, mode=mode, reason=str(exc))
             continue
         except Exception as exc:
-            _crash(events, exc, f"timing {case.label()} ({mode} mode)")
+            _crash(events, exc, f"timing {case.label()}{what} ({mode} mode)")
             return
         # a kernel the launcher ran in place of its preferred one is named in the row that timed it (a backward
         # alone runs no forward: the note of the setup's forward is not its row's)
         note = attn.forward_note() if request.passes != "bwd" else None
-        events.emit("timing", name=attn.name, key=attn.build.key, **timing.as_dict(), **({"detail": note} if note else {}))
+        events.emit("timing", name=attn.name, key=attn.build.key, **mine.as_dict(), **({"detail": note} if note else {}))
+        if theirs is not None:
+            events.emit("pair-timing", name=request.pair, paired_with=attn.name, **theirs.as_dict())
 
 
 def task_test(request: WorkRequest, events: Events) -> None:

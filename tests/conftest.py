@@ -43,6 +43,24 @@ def wide_fixed_terminal(monkeypatch):
 
 
 @pytest.fixture
+def fake_bench_workers(monkeypatch, tmp_path):
+    """`flashcore bench` with its workers faked, no GPU needed: fake_bench_workers(references=..., variant=...) puts the
+    functions in place of measure.bench's bench_references and bench_variant (either may be left out); records go
+    under tmp_path."""
+    from flashcore_cli.measure import bench
+
+    def install(references=None, variant=None):
+        if references is not None:
+            monkeypatch.setattr(bench, "bench_references", references)
+        if variant is not None:
+            monkeypatch.setattr(bench, "bench_variant", variant)
+        monkeypatch.setattr("flashcore_cli.commands.require_gpu", lambda command: None)
+        monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path / "results"))
+
+    return install
+
+
+@pytest.fixture
 def table_rows(monkeypatch):
     """Every row a rich table with a header is given during the test, as {column header: the cell's plain
     text}: what a user reads, as data, however the table would wrap it."""

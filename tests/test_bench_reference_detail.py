@@ -33,11 +33,9 @@ def test_reference_rows_carry_the_workers_detail(monkeypatch):
     assert env == {"gpu": "fake"}
 
 
-def test_the_bench_record_keeps_the_reference_detail(monkeypatch, tmp_path):
+def test_the_bench_record_keeps_the_reference_detail(monkeypatch, tmp_path, fake_bench_workers):
     monkeypatch.setattr(bench, "run_worker", fake_run_worker)
-    monkeypatch.setattr(bench, "bench_variant", lambda *a, modes=("cold",), **k: {})
-    monkeypatch.setattr("flashcore_cli.commands.require_gpu", lambda command: None)
-    monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path / "results"))
+    fake_bench_workers(variant=lambda *a, modes=("cold",), **k: {})
     out = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "--json", str(out), "--arch", "sm_90"])
     assert result.exit_code == 0, result.output

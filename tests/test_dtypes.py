@@ -111,11 +111,10 @@ def test_a_dtype_a_variant_does_not_declare_is_a_skip_with_the_reason():
     assert (row.status, row.detail) == ("SKIP", "dtype bf16 is not supported by v8 (it takes fp16)")
 
 
-def test_bench_dtype_reaches_the_workers_and_the_record(monkeypatch, tmp_path):
+def test_bench_dtype_reaches_the_workers_and_the_record(monkeypatch, tmp_path, fake_bench_workers):
     """No GPU: the workers are faked; the option, the cases they get and the record are real."""
     import json
 
-    from flashcore_cli.measure import bench
     from flashcore_cli.measure.bench import BenchRow
 
     seen = []
@@ -124,14 +123,12 @@ def test_bench_dtype_reaches_the_workers_and_the_record(monkeypatch, tmp_path):
         seen.append(case.dtype)
         return {m: [BenchRow("sdpa", "reference", "OK", {"median_us": 10.0, "p10_us": 9.0, "p90_us": 11.0})] for m in modes}, {}
 
-    def fake_variant(registry, variant, case, *, arch, reps, warmup, timeout, modes=("cold",), on_event=None, defines=None, passes="fwd"):
+    def fake_variant(registry, variant, case, *, arch, reps, warmup, timeout, modes=("cold",), on_event=None, defines=None, passes="fwd",
+                     pair=""):
         seen.append(case.dtype)
         return {m: BenchRow(variant.name, "variant", "OK", {"median_us": 8.0, "p10_us": 7.0, "p90_us": 9.0}) for m in modes}
 
-    monkeypatch.setattr(bench, "bench_references", fake_references)
-    monkeypatch.setattr(bench, "bench_variant", fake_variant)
-    monkeypatch.setattr("flashcore_cli.commands.require_gpu", lambda command: None)
-    monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path / "results"))
+    fake_bench_workers(references=fake_references, variant=fake_variant)
     out = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "v12", "--dtype", "bf16", "--json", str(out), "--arch", "sm_90"])
     assert result.exit_code == 0, result.output

@@ -200,10 +200,8 @@ def test_reference_rows_are_split_by_mode(monkeypatch):
                       "graph": {"sdpa": "OK", "triton": "SKIP", "sdpa-flash": "SKIP"}}  # fmt: skip
 
 
-def test_bench_writes_one_record_with_every_mode(monkeypatch, tmp_path):
+def test_bench_writes_one_record_with_every_mode(monkeypatch, tmp_path, fake_bench_workers):
     """No GPU: the workers are faked; the command, the per-mode tables and the record are real."""
-
-    from flashcore_cli.measure import bench
     medians = {"cold": (12.0, 20.0), "graph": (9.0, 15.0), "host": (16.2, 25.0)}
     asked = []
 
@@ -211,14 +209,12 @@ def test_bench_writes_one_record_with_every_mode(monkeypatch, tmp_path):
         asked.append(tuple(modes))
         return {m: [timed("sdpa", "reference", medians[m][0])] for m in modes}, {"gpu": "NVIDIA H200", "torch": "2.11"}
 
-    def fake_variant(registry, variant, case, *, arch, reps, warmup, timeout, modes=("cold",), on_event=None, defines=None, passes="fwd"):
+    def fake_variant(registry, variant, case, *, arch, reps, warmup, timeout, modes=("cold",), on_event=None, defines=None, passes="fwd",
+                     pair=""):
         asked.append(tuple(modes))
         return {m: timed(variant.name, "variant", medians[m][1]) for m in modes}
 
-    monkeypatch.setattr(bench, "bench_references", fake_references)
-    monkeypatch.setattr(bench, "bench_variant", fake_variant)
-    monkeypatch.setattr("flashcore_cli.commands.require_gpu", lambda command: None)
-    monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path / "results"))
+    fake_bench_workers(references=fake_references, variant=fake_variant)
     out = tmp_path / "all.json"
     result = runner.invoke(app, ["bench", "baseline", "--mode", "cold,graph,host", "--json", str(out), "--arch", "sm_90"], env=WIDE)
     assert result.exit_code == 0, result.output

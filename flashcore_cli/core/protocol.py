@@ -60,6 +60,7 @@ class WorkRequest:
     modes: list[str] = field(default_factory=list)  # the timing modes, in order (empty: the default mode)
     passes: str = "fwd"  # what a timed call does: fwd, bwd or fwd+bwd ("pass" in the JSON)
     calls: int = 1  # launch: how many calls
+    pair: str = ""  # bench: a reference row (measure/references.py) whose samples alternate with the variant's
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)

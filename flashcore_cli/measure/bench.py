@@ -11,6 +11,10 @@ The record keeps a one-mode run in the format compare and older tools read, plus
 A run of several modes (--mode cold,graph,host) adds "runs", one {"mode", "rows"} section per mode in the
 order asked; the top-level "mode" and "rows" are the first section's, so a reader of one-mode records sees
 the first mode. Read every mode with `record.get("runs") or [record]`.
+
+--pair REF (cold mode) times each variant with reference row REF in the variant's own worker, their samples
+taken in turn (modes.time_pair): the row "REF~VARIANT" (kind "reference", "paired_with": VARIANT) and the
+variant's row then ran under one clock and power state, which rows timed one after the other need not have.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from dataclasses import dataclass, field
 
 from flashcore_cli.check.correctness import CaseOutcome
 from flashcore_cli.core.isolate import run_worker
-from flashcore_cli.core.protocol import BUILD_FAIL, LAST_WORDS, OK, WorkerOutcome, WorkRequest, classify, timing_fields
+from flashcore_cli.core.protocol import (BUILD_FAIL, LAST_WORDS, OK, WorkerOutcome, WorkRequest, classify, in_mode,
+                                         timing_fields)
 from flashcore_cli.core.records import clocks
 from flashcore_cli.measure.modes import DEFAULT_MODE
 from flashcore_cli.measure.references import SDPA_DEFAULT
@@ -39,6 +44,8 @@ class BenchRow:
     timing: dict = field(default_factory=dict)
     key: str = ""
     detail: str = ""
+    paired: BenchRow | None = None  # --pair: the reference's row timed in turn with this variant's (its own row)
+    paired_with: str = ""  # a paired reference row: the variant it was timed with
 
     @property
     def median(self) -> float | None:
@@ -47,6 +54,8 @@ class BenchRow:
     def as_dict(self, flops: float, sdpa_median: float | None, bytes_moved: float = 0.0,
                 peaks: Peaks | None = None) -> dict:  # fmt: skip
         d = {"name": self.name, "kind": self.kind, "status": self.status, "key": self.key, "detail": self.detail}
+        if self.paired_with:
+            d["paired_with"] = self.paired_with
         if self.median:
             d["tflops"] = flops / (self.median * 1e-6) / 1e12
             d["speedup_vs_sdpa"] = sdpa_median / self.median if sdpa_median else None
@@ -145,15 +154,36 @@ def bench_variant(
     on_event=None,
     defines: dict[str, str] | None = None,
     passes: str = "fwd",
+    pair: str = "",
 ) -> dict[str, BenchRow]:
-    """The variant's row in every mode ({mode: row}); one worker builds, checks and times it in each."""
+    """The variant's row in every mode ({mode: row}); one worker builds, checks and times it in each. pair: a
+    reference row timed in turn with it (the variant row's `paired`, None where the variant was not timed)."""
     reason = variant.unsupported_reason(case.shape.head_dim, case.causal, arch, case.dtype, **case.needs())
     if reason:
         return {m: BenchRow(variant.name, "variant", "SKIP", detail=reason) for m in modes}
     request = WorkRequest("bench", str(registry.path), variant.name, arch, defines=defines or {}, case=case.as_dict(), reps=reps,
-                          warmup=warmup, modes=list(modes), passes=passes)  # fmt: skip
+                          warmup=warmup, modes=list(modes), passes=passes, pair=pair)  # fmt: skip
     worker = run_worker(request, run_timeout=timeout, on_event=on_event)
-    return {m: _variant_row(variant, case, worker, m, timeout) for m in modes}
+    rows = {m: _variant_row(variant, case, worker, m, timeout) for m in modes}
+    for mode, row in rows.items():
+        row.paired = _paired_row(pair, variant.name, worker, mode) if pair else None
+    return rows
+
+
+def paired_name(reference: str, variant: str) -> str:
+    return f"{reference}~{variant}"
+
+
+def _paired_row(reference: str, variant: str, worker: WorkerOutcome, mode: str) -> BenchRow | None:
+    """The reference's row from a paired worker: its samples, or SKIP with the reason it could not run; None
+    where the variant was not timed (so neither was the reference)."""
+    name = paired_name(reference, variant)
+    if timing := [e for e in worker.find("pair-timing") if in_mode(e, mode)]:
+        return BenchRow(name, "reference", OK, timing_fields(timing[0]), detail=f"samples in turn with {variant}'s",
+                        paired_with=variant)  # fmt: skip
+    if skipped := worker.find("pair-skipped"):
+        return BenchRow(name, "reference", "SKIP", detail=skipped[0]["reason"], paired_with=variant)
+    return None
 
 
 def _variant_row(variant: Variant, case: Case, worker: WorkerOutcome, mode: str, timeout: float) -> BenchRow:

@@ -22,6 +22,9 @@ Users run attention three ways, so there are three honest answers to "how long d
                       torch.cuda.synchronize, divided by N (N makes a batch at least HOST_SAMPLE_US long). Python
                       dispatch and input validation are included: what an eager PyTorch program sees.
 
+A variant's row may also be timed paired with a reference row (bench --pair: time_pair, cold mode): their samples
+taken in turn in one worker, so the two rows see one clock and power state.
+
 The pieces the modes are made of (Timing, the blocking start's samples, the L2 flusher, the discarded samples'
 rule) are timing.py's. No torch at import: the CLI reads this registry at start-up.
 """
@@ -33,7 +36,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from flashcore_cli.core.errors import FlashcoreError
-from flashcore_cli.measure.timing import L2Flusher, Timing, TimingError, calls_per_sample, collect, gated_us, per_call
+from flashcore_cli.measure.timing import (L2Flusher, Timing, TimingError, alternate, calls_per_sample, collect, gated_us,
+                                          per_call)
 
 DEFAULT_MODE = "cold"  # what bench, sweep, tune and watch time in unless told
 OLD_RECORD_MODE = "cold"  # a record without a "mode" is from before the modes: every timing then was cold
@@ -75,6 +79,35 @@ def time_cold(fn, *, reps: int, warmup: int, flusher: L2Flusher, gate) -> Timing
 
     samples, discarded = collect(sample, reps)
     return Timing(samples, "cold", 1, discarded)
+
+
+def time_pair(fn_a, fn_b, *, mode: str, reps: int, warmup: int, flusher: L2Flusher | None = None,
+              gate=None) -> tuple[Timing, Timing]:  # fmt: skip
+    """fn_a and fn_b timed in turn, sample by sample (timing.alternate), in cold mode: both see the same clock and
+    power state, where rows timed one after the other do not (a row that keeps the tensor cores busy for
+    milliseconds runs at the board's power cap, at a clock set by what ran before it). Raises TimingError in
+    another mode."""
+    if mode != "cold":
+        raise TimingError(f"paired samples are taken in cold mode only, not {mode} mode")
+    import torch
+
+    if gate is None:
+        from flashcore_cli.measure.blocking_start import shared
+
+        gate = shared()
+    flusher = flusher or L2Flusher()
+    for _ in range(warmup):
+        fn_a()
+        fn_b()
+    torch.cuda.synchronize()
+    gated_us(gate, fn_a)  # the gate's own first launch outside the samples
+
+    def sample(fn):
+        flusher.flush()
+        return gated_us(gate, fn)
+
+    a, b, discarded = alternate(sample, fn_a, fn_b, reps)
+    return Timing(a, "cold", 1, discarded), Timing(b, "cold", 1, discarded)
 
 
 def time_graph(fn, *, reps: int, warmup: int, gate, flusher=None) -> Timing:

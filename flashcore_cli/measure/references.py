@@ -5,6 +5,10 @@ from __future__ import annotations
 
 
 SDPA_DEFAULT = "sdpa"
+TRITON = "triton"
+# the rows after SDPA's default: each backend pinned
+SDPA_BACKEND_ROWS = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math")
+REFERENCE_ROWS = (SDPA_DEFAULT, *SDPA_BACKEND_ROWS, TRITON)  # every reference row's name, in run order
 # The math backend materialises the fp32 score matrix, B * H * S * S * 4 bytes, in every call; past this
 # it is skipped (at 1,16,16384,64 it would be 16 GiB a call, and minutes of bench for a row nobody reads).
 MATH_SCORE_LIMIT_BYTES = 4 << 30
@@ -38,12 +42,8 @@ def reference_functions(q, k, v, causal: bool, passes: str = "fwd"):
         return sdpa_training_call(q, k, v, causal, passes, backend)
 
     rows = [(SDPA_DEFAULT, sdpa_rows(SDPA_DEFAULT, None), contextlib.nullcontext(), "")]
-    for label, backend in (
-        ("sdpa-flash", SDPBackend.FLASH_ATTENTION),
-        ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION),
-        ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
-        ("sdpa-math", SDPBackend.MATH),
-    ):
+    backends = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH)
+    for label, backend in zip(SDPA_BACKEND_ROWS, backends):
         if backend == SDPBackend.MATH and (why := math_skip_reason(tuple(q.shape), tuple(k.shape))):
             rows.append((label, None, None, why))
             continue
@@ -57,15 +57,15 @@ def reference_functions(q, k, v, causal: bool, passes: str = "fwd"):
         rows.append((label, call, sdpa_kernel([backend]), ""))
 
     if passes != "fwd":
-        rows.append(("triton", None, None, "the Triton reference is forward-only"))
+        rows.append((TRITON, None, None, "the Triton reference is forward-only"))
         return rows
     if q.shape[1] != k.shape[1] or q.shape[2] != k.shape[2]:
-        rows.append(("triton", None, None, "the Triton reference takes q, k, v of one shape only"))
+        rows.append((TRITON, None, None, "the Triton reference takes q, k, v of one shape only"))
         return rows
     try:
         from flashcore_cli.measure import triton_attention
     except ImportError as exc:
-        rows.append(("triton", None, None, f"the Triton reference could not be imported: {exc}"))
+        rows.append((TRITON, None, None, f"the Triton reference could not be imported: {exc}"))
         return rows
     if triton_attention.available():
 
@@ -73,9 +73,9 @@ def reference_functions(q, k, v, causal: bool, passes: str = "fwd"):
             return triton_attention.triton_attention(q, k, v, causal=causal)
 
         triton.describe = triton_attention.tuned_config  # the tile it runs, known after the first (tuning) call
-        rows.append(("triton", triton, contextlib.nullcontext(), ""))
+        rows.append((TRITON, triton, contextlib.nullcontext(), ""))
     else:
-        rows.append(("triton", None, None, triton_attention.unavailable_reason()))
+        rows.append((TRITON, None, None, triton_attention.unavailable_reason()))
     return rows
 
 

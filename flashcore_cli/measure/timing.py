@@ -75,14 +75,39 @@ def collect(sample, reps: int, *, max_timeouts: int = MAX_TIMEOUTS) -> tuple[lis
         us = sample()
         if us is None:
             discarded += 1
-            if discarded > max_timeouts:
-                raise TimingError(
-                    f"{discarded} samples' blocking start timed out: the GPU waited over the spin's limit for the host "
-                    "to queue the call (does the call wait for the GPU itself, e.g. a synchronize?); --mode host can time it"
-                )
+            _check_timeouts(discarded, max_timeouts)
             continue
         samples.append(us)
     return samples, discarded
+
+
+def _check_timeouts(discarded: int, max_timeouts: int) -> None:
+    if discarded > max_timeouts:
+        raise TimingError(
+            f"{discarded} samples' blocking start timed out: the GPU waited over the spin's limit for the host "
+            "to queue the call (does the call wait for the GPU itself, e.g. a synchronize?); --mode host can time it"
+        )
+
+
+def alternate(sample, fn_a, fn_b, reps: int, *, max_timeouts: int = MAX_TIMEOUTS) -> tuple[list[float], list[float], int]:
+    """reps samples of each of two calls, taken in turn: a b, b a, a b, ... (neither always first). sample(fn)
+    returns fn's microseconds, or None for a sample to discard, as in collect. Returns (a's samples, b's samples,
+    discarded); raises TimingError past max_timeouts discards in all."""
+    samples: tuple[list[float], list[float]] = ([], [])
+    discarded = 0
+    turn = 0
+    while min(len(samples[0]), len(samples[1])) < reps:
+        for which in (0, 1) if turn % 2 == 0 else (1, 0):
+            if len(samples[which]) >= reps:
+                continue
+            us = sample(fn_a if which == 0 else fn_b)
+            if us is None:
+                discarded += 1
+                _check_timeouts(discarded, max_timeouts)
+                continue
+            samples[which].append(us)
+        turn += 1
+    return samples[0], samples[1], discarded
 
 
 class L2Flusher:
