@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the lent GPU: install, then the steps named on the command line.
-#   bash scripts/gpu_session.sh smoke|ladder|shapes|check|stress|sanitizers|instruments|grads|bwdbench|v12bwd|gputests|loop ...
+#   bash scripts/gpu_session.sh smoke|ladder|shapes|check|stress|sanitizers|instruments|grads|bwdbench|v12bwd|v12pair|gputests|loop ...
 # VARIANTS="v9 v11" picks the variants of check, stress and sanitizers (default: v9 v10 v11).
 # Each step's output is printed and logged; logs and JSON records come back packed in $OUT/logs.tgz
 # (the device returns only a few files). REGISTRY=path picks another registry.
@@ -100,6 +100,18 @@ prevbench() {  # v11 beside the build before this session (.prev/variants.yaml, 
   for shape in ${PREV_SHAPES:-1,8,512,64 2,16,4096,64 2,16,4096,128}; do
     step "bench-prev-$shape" flashcore --registry .prev/variants.yaml bench v11 v11prev --shape "$shape" --reps 100 \
       --json "$LOGS/bench-prev-$shape.json"
+  done
+}
+
+v12pair() {  # issue 30's six rows, v12 timed in turn with cuDNN's (--pair sdpa-cudnn), PASSES="bwd fwd+bwd";
+  # SPECS="2,16,4096,128;1,16,16384,128 --causal" picks rows
+  local specs
+  IFS=';' read -ra specs <<<"${SPECS:-2,16,4096,128;2,16,4096,128 --causal;2,16,4096,64;2,16,4096,64 --causal;1,16,16384,64;1,16,16384,128 --causal}"
+  for pass in ${PASSES:-bwd fwd+bwd}; do
+    for spec in "${specs[@]}"; do
+      step "bench-pair-$pass-${spec// /}" flashcore --registry "$REG" bench v12 --pass "$pass" --shape $spec \
+        --pair sdpa-cudnn --reps 100 --json "$LOGS/bench-pair-$pass-${spec// /}.json"
+    done
   done
 }
 
