@@ -44,11 +44,12 @@
 //   persistent CTAs claiming tiles 11.1% at 2,16,4096,64 causal, 3.3% at 2,16,4096,128 causal; dK, dV by TMA
 //   store 7.6% at 2,16,4096,128, 2.4% at 128 causal, 3.6% at 2,16,4096,64, 1.3% at 64 causal, 1.1% at 1,16,16384,128
 //   causal, -1.6% at 1,16,16384,64 (phase clocks: a tile's end 217 -> 99 cycles per step; docs/ladder.md "Staged
-//   dK, dV"). This build, us (v12 / cuDNN; docs/results/h200-v12-bwd-epilogue-2026-11-27.json):
-//     2,16,4096,128   1275.6 / 1262.1: 0.99x     2,16,4096,128 causal   685.5 /  778.6: 1.14x
-//     2,16,4096,64     707.8 /  778.0: 1.10x     2,16,4096,64 causal    398.2 /  501.7: 1.26x
-//     1,16,16384,64   5719.7 / 6217.7: 1.09x     1,16,16384,128 causal 5198.5 / 5315.1: 1.02x
-//   fwd+bwd: 2,16,4096,128 0.94x, 2,16,4096,64 causal 1.19x, 1,16,16384,64 1.09x (h200-v12-fwdbwd-epilogue-...).
+//   dK, dV"). This build, us, v12 / cuDNN sampled in turn (bench --pair sdpa-cudnn; h200-v12-bwd-pair-2026-11-27.json):
+//     2,16,4096,128   1289.2 / 1324.7: 1.03x     2,16,4096,128 causal   674.0 /  776.7: 1.15x
+//     2,16,4096,64     712.7 /  785.9: 1.10x     2,16,4096,64 causal    396.6 /  501.0: 1.26x
+//     1,16,16384,64   5480.1 / 6073.8: 1.11x     1,16,16384,128 causal 5044.8 / 5239.8: 1.04x
+//   fwd+bwd at those rows 1.02x, 1.13x, 1.09x, 1.19x, 1.12x, 1.06x (h200-v12-fwdbwd-pair-...). Rows timed one after
+//   the other put 2,16,4096,128 at 0.99-1.03x by the clock each ran at (docs/ladder.md, "Paired samples").
 // - `flashcore test v12` 216 OK; the 2-CTA build 216 OK, its sanitizers clean; 2000 random launches with gradients
 //   all OK, worst 0.97 (v12-bwd-epilogue-checks-2026-11-27.txt).
 // Tried, not kept (docs/ladder.md has each run): dQ added from registers by red.global.add (10-15% slower);
@@ -56,8 +57,7 @@
 // D = 128: no faster); the consumers taking turns to issue S^T, dP^T (within 1.4%); tiles dealt in static snake
 // rounds (6.4% slower at 1,16,16384,128 causal: the tiles running at once spanned all 16 heads' Q, dO and dQ); three
 // Q_i/dO_i stages at D = 128 (0.0% and 1.1%: the consumers' waits on a stage are not the loads').
-// Not reached: 2,16,4096,128 at 0.99-1.00x cuDNN in four bench runs (fwd+bwd 0.94x and 0.98x in two), where v12
-// runs after SDPA's rows; back to back at the 700 W cap, 1388 us against cuDNN's 1462-1469 at the same clock (1.05x).
+// Not reached: the 1.1x moonshot at the D = 128 rows (1.03x and 1.04x in turn with cuDNN, twice on the H200).
 #include "bwd_passes.cuh"
 #include "flashcore.h"
 #include "hopper.cuh"
