@@ -65,19 +65,27 @@ class TimingMode:
         return f"{self.name} mode: {self.description}"
 
 
-def time_cold(fn, *, reps: int, warmup: int, flusher: L2Flusher, gate) -> Timing:
+def _cold_sampler(fns, *, warmup: int, flusher: L2Flusher, gate):
+    """Each of fns called warmup times, then the gate's own first launch (module load) outside the samples; returns
+    sample(fn): the L2 flushed, then fn's device time from a blocking start (None: discard it)."""
     import torch
 
     for _ in range(warmup):
-        fn()
+        for fn in fns:
+            fn()
     torch.cuda.synchronize()
-    gated_us(gate, fn)  # the gate's own first launch (module load) outside the samples
+    gated_us(gate, fns[0])
 
-    def sample():
+    def sample(fn):
         flusher.flush()
         return gated_us(gate, fn)
 
-    samples, discarded = collect(sample, reps)
+    return sample
+
+
+def time_cold(fn, *, reps: int, warmup: int, flusher: L2Flusher, gate) -> Timing:
+    sample = _cold_sampler((fn,), warmup=warmup, flusher=flusher, gate=gate)
+    samples, discarded = collect(lambda: sample(fn), reps)
     return Timing(samples, "cold", 1, discarded)
 
 
@@ -89,23 +97,11 @@ def time_pair(fn_a, fn_b, *, mode: str, reps: int, warmup: int, flusher: L2Flush
     another mode."""
     if mode != "cold":
         raise TimingError(f"paired samples are taken in cold mode only, not {mode} mode")
-    import torch
-
     if gate is None:
         from flashcore_cli.measure.blocking_start import shared
 
         gate = shared()
-    flusher = flusher or L2Flusher()
-    for _ in range(warmup):
-        fn_a()
-        fn_b()
-    torch.cuda.synchronize()
-    gated_us(gate, fn_a)  # the gate's own first launch outside the samples
-
-    def sample(fn):
-        flusher.flush()
-        return gated_us(gate, fn)
-
+    sample = _cold_sampler((fn_a, fn_b), warmup=warmup, flusher=flusher or L2Flusher(), gate=gate)
     a, b, discarded = alternate(sample, fn_a, fn_b, reps)
     return Timing(a, "cold", 1, discarded), Timing(b, "cold", 1, discarded)
 
