@@ -139,7 +139,8 @@ def new(
     """Scaffold a variant from another: kernels/NAME.cu with a fresh header, renamed kernels, a registry entry."""
     from flashcore_cli.builder.scaffold import run_new
 
-    return run_new(ctx.obj["registry"], name, from_)
+    # the option as given, not the resolved path: where nothing is found from here, `new` starts a registry here
+    return run_new(ctx.find_root().obj.get("registry_option"), name, from_)
 
 
 def watch(

@@ -67,7 +67,7 @@ def binding_source(variant: Variant) -> Path:
 def key_parts(variant: Variant, arch: str, *, for_build: bool, extra_defines: dict[str, str] | None = None) -> dict:
     """The inputs of a variant's compile. for_build=False: the nvcc-only probe (ptxas). for_build=True: a
     torch build, which also names torch, CUDA, the Python ABI and the binding (by its key)."""
-    files = source_closure(list(variant.sources), [variant.kernels_dir])
+    files = source_closure(list(variant.sources), list(variant.include_dirs))
     defines = {**variant.defines, **(extra_defines or {})}
     parts = {
         "files": {str(f.relative_to(variant.root)) if f.is_relative_to(variant.root) else str(f): _sha256(f) for f in files},
@@ -89,10 +89,11 @@ def cache_key(variant: Variant, arch: str, *, for_build: bool, extra_defines: di
 def object_key(variant: Variant, source: Path, nvcc_flags: list[str]) -> str:
     """The key of one source's object (objects.py): that source and the headers it reaches, nvcc's whole
     command line but the file names (flags, defines, arch), and nvcc. No torch: the kernels do not include it."""
-    files = source_closure([source], [variant.kernels_dir])
+    files = source_closure([source], list(variant.include_dirs))
+    kernels = variant.kernels_dir.resolve()
     return _digest({
         "source": source.name,
-        "files": {f.name if f.is_relative_to(variant.kernels_dir.resolve()) else str(f): _sha256(f) for f in files},
+        "files": {str(f.relative_to(kernels)) if f.is_relative_to(kernels) else str(f): _sha256(f) for f in files},
         "flags": list(nvcc_flags),
         "nvcc": nvcc_version(),
         "format": OBJECT_FORMAT,

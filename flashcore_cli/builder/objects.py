@@ -65,7 +65,7 @@ def start_objects(variant: Variant, arch_flags: list[str], cuda_flags: list[str]
     for source in variant.sources:  # the include folder is not in the key: the closure's contents are
         key = object_key(variant, source, flags)
         jobs.append(_Job(source, directory / f"{source.stem}-{key}.o"))
-    flags = [*flags, f"-I{variant.kernels_dir}"]
+    flags = [*flags, *(f"-I{d}" for d in variant.include_dirs)]
     for job in jobs:
         job.start(nvcc, flags, force=force)
     return PendingObjects(jobs)

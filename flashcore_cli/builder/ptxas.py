@@ -343,7 +343,7 @@ def _arch_feature_guard(variant: Variant) -> tuple[str, str, str | None] | None:
     from flashcore_cli.registry.archs import ARCH_SPECIFIC
 
     try:
-        files = source_closure(list(variant.sources), [variant.kernels_dir])
+        files = source_closure(list(variant.sources), list(variant.include_dirs))
     except OSError:
         return None
     for f in files:
@@ -406,7 +406,7 @@ def run_probe(variant: Variant, target: str, cached: Path, extra_defines: dict[s
         exe = Path(tmp) / "probe"
         cmd = [
             nvcc, *BASE_NVCC_FLAGS, gencode(target), "-Xptxas=-v", *variant.flags, *define_flags(defines),
-            f"-I{variant.kernels_dir}", "-o", str(exe), *map(str, variant.sources), str(main),
+            *(f"-I{d}" for d in variant.include_dirs), "-o", str(exe), *map(str, variant.sources), str(main),
         ]  # fmt: skip
         start = time.perf_counter()
         proc = run_tool(cmd)

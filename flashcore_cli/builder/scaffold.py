@@ -15,9 +15,12 @@ not copied, they belong to the original). A copy of v12 without its `archs: [sm_
 sm_90 with its body compiled out, and every command would still exit 0: after writing, the new entry is
 loaded back and compared with the source's, key by key, and a difference undoes the scaffold.
 
-Both files go next to the registry the command resolved (--registry, $FLASHCORE_REGISTRY, a variants.yaml
-in the current folder or a parent, the installed one): run in a copy of the project, `new` writes into the
-copy. The "next:" hint it prints names --registry when the registry would not be found from here.
+The copy goes beside the original's file and its entry into the registry the command resolved (--registry,
+$FLASHCORE_REGISTRY, a variants.yaml in the current folder or a parent): run in a copy of the project, `new`
+writes into the copy. Where none is found (a kernel author's own folder, flashcore installed from a wheel),
+`new` never writes into the installed parts: it starts ./variants.yaml with the one entry and ./kernels/NAME.cu,
+and the files the copy shares are named flashcore:PATH, the installed parts' own. The "next:" hint it prints
+names --registry when the registry would not be found from here.
 """
 
 from __future__ import annotations
@@ -226,9 +229,10 @@ def read_source(path: Path) -> str:
 
 
 def scaffold(registry_path, name: str, source_name: str) -> tuple[Path, Path, list[Path], dict[str, str]]:
-    from flashcore_cli.registry.variants import load_registry
+    from flashcore_cli.registry.variants import load_registry, resolve_registry
 
-    reg = load_registry(registry_path)
+    choice = resolve_registry(registry_path)
+    reg = load_registry(choice.path)
     if len(name) > MAX_NAME:
         raise FlashcoreError(f"a variant's name is at most {MAX_NAME} characters ('{name[:20]}...' has {len(name)}): "
                              "it names kernels/NAME.cu and its kernels")  # fmt: skip
@@ -238,35 +242,82 @@ def scaffold(registry_path, name: str, source_name: str) -> tuple[Path, Path, li
     if name in taken:
         raise FlashcoreError(f"a variant named '{name}' is already registered in {reg.path}")
     src = reg.get(source_name)
-    target = reg.root / "kernels" / f"{name}.cu"
-    if target.exists():
-        raise FlashcoreError(f"{target} already exists; pick another name or remove it")
     original = plan_source(src)
     text, renames = scaffold_source(read_source(original), name, src.name)
     shared = shared_sources(src, original)
+    source_text = reg.path.read_text(encoding="utf-8")
+    raw = raw_entry(source_text, src.name)
+    if choice.source == "installed":  # nothing found from here: a registry of the author's own, in this folder
+        target, registry, registry_text = _own_folder(name)
+        sources = [f"kernels/{name}.cu", *(_installed_source(p) for p in shared)]
+    else:  # the copy goes beside the original, its entry into the same registry
+        target, registry, registry_text = original.with_name(f"{name}.cu"), reg.path, source_text
+        sources = [Path(os.path.relpath(path, reg.path.parent)).as_posix() for path in (target, *shared)]
+    if target.exists():
+        raise FlashcoreError(f"{target} already exists; pick another name or remove it")
+    entry = registry_entry(source_text, name, sources, src, raw)
+    _write_and_check(target, text, registry, registry_text, entry, name, src)
+    return target, registry, shared, renames
 
-    registry_text = reg.path.read_text(encoding="utf-8")
-    sources = [Path(os.path.relpath(path, reg.path.parent)).as_posix() for path in (target, *shared)]
-    entry = registry_entry(registry_text, name, sources, src, raw_entry(registry_text, src.name))
+
+OWN_REGISTRY_HEADER = """\
+# A kernel author's own flashcore registry (written by `flashcore new`): its variants build against the
+# installed flashcore's parts. A source written flashcore:PATH is a file of the installed parts
+# (`flashcore list` in the flashcore checkout shows the shipped variants); every other path is relative to
+# this file. The keys are those of the shipped registry: see its header.
+variants:
+"""
+
+
+def _own_folder(name: str) -> tuple[Path, Path, str]:
+    """The copy's file and a new registry in the current folder, for `new` run where no registry is found."""
+    from flashcore_cli.registry.variants import REGISTRY_FILE
+
+    here = Path.cwd()
+    return here / "kernels" / f"{name}.cu", here / REGISTRY_FILE, ""
+
+
+def _installed_source(path: Path) -> str:
+    from flashcore_cli.core.paths import INSTALL_ROOT
+    from flashcore_cli.registry.variants import INSTALLED_PREFIX
+
+    return INSTALLED_PREFIX + path.resolve().relative_to(INSTALL_ROOT.resolve()).as_posix()
+
+
+def _write_and_check(target: Path, text: str, registry: Path, registry_text: str, entry: str, name: str, src) -> None:
+    """Writes the copy and the registry with its new entry, loads the entry back and compares it with the
+    source's, key by key; any failure leaves the folder as it was."""
+    from flashcore_cli.registry.variants import load_registry
+
+    made = [d for d in (target.parent,) if not d.exists()]
+    new_text = (registry_text.rstrip("\n") + "\n\n" + entry) if registry_text else OWN_REGISTRY_HEADER + entry
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise FlashcoreError(f"cannot write {target} ({exc.strerror or exc})") from None
+
+    def undo() -> None:
+        if registry_text:
+            registry.write_text(registry_text, encoding="utf-8")
+        else:
+            registry.unlink(missing_ok=True)
+        target.unlink(missing_ok=True)
+        for d in made:
+            d.rmdir()
+
     try:
-        reg.path.write_text(registry_text.rstrip("\n") + "\n\n" + entry, encoding="utf-8")
+        registry.write_text(new_text, encoding="utf-8")
     except OSError as exc:
-        target.unlink()
-        raise FlashcoreError(f"cannot write {reg.path} ({exc.strerror or exc}); nothing was changed") from None
+        undo()
+        raise FlashcoreError(f"cannot write {registry} ({exc.strerror or exc}); nothing was changed") from None
     try:
-        lost = differences(load_registry(reg.path).get(name), src)
+        lost = differences(load_registry(registry).get(name), src)
         if lost:
             raise FlashcoreError(f"the copy's {', '.join(lost)} would differ from {src.name}'s")
-    except FlashcoreError as exc:  # leave the project as it was
-        reg.path.write_text(registry_text, encoding="utf-8")
-        target.unlink()
+    except FlashcoreError as exc:  # leave the folder as it was
+        undo()
         raise FlashcoreError(f"the new entry did not validate, nothing was changed: {exc}") from None
-    return target, reg.path, shared, renames
 
 
 def shared_sources(variant, copied: Path) -> list[Path]:
@@ -292,14 +343,17 @@ def run_new(registry_path, name: str, source_name: str) -> int:
     from rich.markup import escape
 
     from flashcore_cli.core.console import console
+    from flashcore_cli.registry.variants import load_registry
 
     target, registry, shared, renames = scaffold(registry_path, name, source_name)
     renamed = f": {', '.join(f'{k} -> {v}' for k, v in renames.items())}" if renames else ""
     console.print(f"wrote {escape(str(target))} (a copy of {source_name}{renamed})", highlight=False, soft_wrap=True)
     if shared:
-        listed = ", ".join(os.path.relpath(s, registry.parent) for s in shared)
+        listed = ", ".join(os.path.relpath(s, registry.parent) if s.is_relative_to(registry.parent) else _installed_source(s)
+                           for s in shared)  # fmt: skip
         console.print(f"shared with {source_name}, not copied: {escape(listed)}", highlight=False, soft_wrap=True)
-    console.print(f"wrote {escape(str(registry))} (appended the entry '{name}')", highlight=False, soft_wrap=True)
+    how = "appended the entry" if len(load_registry(registry).variants) > 1 else "a registry of its own, with the entry"
+    console.print(f"wrote {escape(str(registry))} ({how} '{name}')", highlight=False, soft_wrap=True)
     flashcore = f"flashcore {registry_flag(registry)}"
     console.print(f"next: write its header, then `{escape(flashcore)}ptxas {name}` and `{escape(flashcore)}test {name}`", highlight=False, soft_wrap=True)
     return 0

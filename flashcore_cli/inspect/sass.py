@@ -104,7 +104,7 @@ def cuda_sources(variant: Variant) -> list[Path]:
 def compile_cubin(variant: Variant, source: Path, arch: str, out: Path) -> None:
     cmd = [
         find_nvcc(), *BASE_NVCC_FLAGS, gencode(arch), "-cubin", *variant.flags, *define_flags(variant.defines),
-        f"-I{variant.kernels_dir}", "-o", str(out), str(source),
+        *(f"-I{d}" for d in variant.include_dirs), "-o", str(out), str(source),
     ]  # fmt: skip
     proc = run_tool(cmd)
     if proc.returncode != 0:

@@ -101,7 +101,7 @@ def watched_files(registry, variant) -> list[Path]:
     """The variant's sources, every header they include from the project, and the registry file."""
     from flashcore_cli.builder.cache import source_closure
 
-    files = source_closure(list(variant.sources), [variant.kernels_dir])
+    files = source_closure(list(variant.sources), list(variant.include_dirs))
     registry_path = getattr(registry, "path", None)
     return [*files, Path(registry_path).resolve()] if registry_path else files
 

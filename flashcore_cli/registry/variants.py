@@ -20,11 +20,13 @@ from typing import Any
 
 from flashcore_cli.registry.archs import ARCH_SPECIFIC, TARGETS, gpu_arch
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.paths import INSTALL_ROOT, INSTALLED_KERNELS, INSTALLED_REGISTRY, REGISTRY_FILE
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the project: flashcore_cli/registry/variants.py -> ../../..
-REGISTRY_FILE = "variants.yaml"
-DEFAULT_REGISTRY = PACKAGE_ROOT / REGISTRY_FILE
+DEFAULT_REGISTRY = INSTALLED_REGISTRY
 REGISTRY_ENV = "FLASHCORE_REGISTRY"
+# A source written `flashcore:kernels/...` names a file of the installed parts (core/paths.py), so a kernel
+# author's own registry, in a folder of theirs, builds its copy of a rung against the translation units it shares.
+INSTALLED_PREFIX = "flashcore:"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -70,7 +72,7 @@ class Variant:
     causal: bool
     notes: str
     tune: TuneSpace
-    root: Path  # the project root: kernels/ (flashcore.h, binding.cpp) lives here
+    root: Path  # the project root: its kernels/ holds the variant's own files
     archs: tuple[str, ...] = ()  # the targets it can be built and run for; empty: any
     dtypes: tuple[str, ...] = DEFAULT_DTYPES  # the element types its launcher takes (DTYPES)
     features: tuple[str, ...] = ()  # FEATURES it supports
@@ -78,7 +80,16 @@ class Variant:
 
     @property
     def kernels_dir(self) -> Path:
-        return self.root / "kernels"
+        """The kernels/ holding the contract (flashcore.h), the binding and the shared headers: the project's
+        own where it has them (a checkout), else the installed parts (a kernel author's own folder)."""
+        own = self.root / "kernels"
+        return own if (own / "flashcore.h").is_file() else INSTALLED_KERNELS
+
+    @property
+    def include_dirs(self) -> tuple[Path, ...]:
+        """Where its sources' #include "..." are found: the project's kernels/, then the installed parts."""
+        own = self.root / "kernels"
+        return (own,) if own == self.kernels_dir else (own, self.kernels_dir)
 
     def target_arch(self, arch: str) -> str | None:
         """What to compile for when the GPU (or --arch) is `arch`: `arch` itself, or the arch-specific target
@@ -340,14 +351,17 @@ def _parse_aliases(raw: Any, fail) -> tuple[str, ...]:
 
 
 def _parse_sources(raw: Any, fail, path: Path, root: Path, name: str) -> tuple[Path, ...]:
-    """The source files, resolved against the registry's folder: inside the project, CUDA/C++, existing."""
+    """The source files, resolved against the registry's folder (or, written flashcore:PATH, against the
+    installed parts): inside the project (or the installed parts), CUDA/C++, existing."""
     if not _is_list_of(raw, str) or not raw:
         raise fail("sources", "must be a non-empty list of file paths")
     sources = []
     for s in raw:
-        p = _resolved(path.parent / s, f"variant '{name}': source '{s}'")
-        if not p.is_relative_to(root):
-            raise fail("sources", f"'{s}' is outside the project ({root})")
+        installed = s.startswith(INSTALLED_PREFIX)
+        base, inside = (INSTALL_ROOT, INSTALL_ROOT.resolve()) if installed else (path.parent, root)
+        p = _resolved(base / s.removeprefix(INSTALLED_PREFIX), f"variant '{name}': source '{s}'")
+        if not p.is_relative_to(inside):
+            raise fail("sources", f"'{s}' is outside {'the installed parts' if installed else 'the project'} ({inside})")
         if p.suffix not in _SOURCE_SUFFIXES:
             raise fail("sources", f"'{s}' is not a CUDA/C++ source ({', '.join(sorted(_SOURCE_SUFFIXES))})")
         if not p.is_file():
