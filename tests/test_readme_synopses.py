@@ -60,3 +60,18 @@ def test_a_shown_command_parses(page, line):
             command, path = command.commands[word], [*path, word]
         i += 1
     assert not hasattr(command, "commands"), f"{page}: `{line}` names a group, not a command"
+
+
+def test_every_record_is_cited_and_every_link_resolves():
+    """docs/results/ holds the records the docs cite, each named by a doc; and every relative link of the README and
+    docs/ points at a file that exists."""
+    text = {page: page.read_text() for page in PAGES}
+    records = [p.name for p in (REPO / "docs" / "results").iterdir() if p.name != "README.md"]
+    uncited = [name for name in records if not any(name in t for t in text.values())]
+    assert not uncited, f"records no doc cites (cite them or git rm them): {uncited}"
+    broken = []
+    for page, body in text.items():
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", body):
+            if "://" not in target and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+    assert not broken, f"links to nothing: {broken}"
