@@ -34,7 +34,8 @@ LINES = shown_command_lines()
 
 def test_the_readme_shows_the_four_commands_users_type():
     readme = {line for page, line in LINES if page == "README.md"}
-    for command in ("flashcore build v8", "flashcore ptxas v6", "flashcore ptxas --all --arch sm_89,sm_90 --fail-on-spill"):
+    for command in ("flashcore build v8", "flashcore bench --shape 1,8,512,64", "flashcore ptxas v6",
+                    "flashcore ptxas --all --arch sm_89,sm_90 --fail-on-spill"):
         assert command in readme
     assert any(line.startswith("flashcore test --all") for line in readme)
 
