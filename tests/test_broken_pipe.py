@@ -1,5 +1,5 @@
 """A reader that goes away (`flashcore list | head -1`) ends flashcore at once and quietly, as it does cat and
-git: killed by SIGPIPE (a shell's 141), no traceback, no error text (README, "Exit codes")."""
+git: killed by SIGPIPE (a shell's 141), no traceback, no error text (docs/usage.md, "Exit codes")."""
 
 import os
 import signal
@@ -40,6 +40,6 @@ def test_a_shell_sees_141_and_head_its_line():
 
 
 def test_exit_141_is_documented():
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    usage = (REPO / "docs" / "usage.md").read_text()
+    section = usage.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
     assert "| 141 |" in section and "SIGPIPE" in section

@@ -1,6 +1,6 @@
 """`flashcore compare` with the merged results file the README points to (docs/results/h200.json, written by
 `flashcore report merge`): the section of the other record's case is compared; none is one clear line. And
-the README says "same" exactly as compare's footer does, which is what timing_verdict does."""
+docs/usage.md says "same" exactly as compare's footer does, which is what timing_verdict does."""
 
 import json
 
@@ -91,9 +91,9 @@ def test_two_results_files_compare_the_sections_they_share(table_rows):
     assert result.exit_code == 2 and "pick one with --mode" in said(result)
 
 
-def test_the_readme_and_the_footer_say_what_the_verdict_does(tmp_path):
-    readme = " ".join((REPO / "README.md").read_text().split())
-    assert f'"same" when {SAME_RULE}' in readme
+def test_the_usage_doc_and_the_footer_say_what_the_verdict_does(tmp_path):
+    usage = " ".join((REPO / "docs" / "usage.md").read_text().split())
+    assert f'"same" when {SAME_RULE}' in usage
     a = write(tmp_path / "a.json", {"kind": "flashcore-bench", "shape": "1,8,512,64", "causal": False,
                                     "rows": [{"name": "v8", "status": "OK", "median_us": 30.0, "p10_us": 29.0, "p90_us": 31.0}]})  # fmt: skip
     result = runner.invoke(app, ["compare", a, a])

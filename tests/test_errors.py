@@ -1,5 +1,5 @@
 """Malformed input and unexpected failures: one line each, with its own documented exit code (errors.py,
-README "Exit codes"), never a traceback and never exit 1 (1 means a check failed or a regression)."""
+docs/usage.md, "Exit codes"), never a traceback and never exit 1 (1 means a check failed or a regression)."""
 
 import json
 from pathlib import Path
@@ -179,7 +179,7 @@ def test_ctrl_c_is_exit_130(monkeypatch):
 
 
 def test_the_exit_codes_are_documented():
-    readme = (FIXTURES.parent.parent / "README.md").read_text()
-    section = readme.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    usage = (FIXTURES.parent.parent / "docs" / "usage.md").read_text()
+    section = usage.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
     for code in ("0", "1", "2", "3", "130"):
         assert f"| {code} |" in section

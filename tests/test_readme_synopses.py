@@ -1,66 +1,90 @@
-"""The README's command synopses (its "### `flashcore ...`" headings) list every option each command's --help
-shows, and no other, so they cannot drift from the CLI again."""
+"""The command lines the README and docs/ show (`$ flashcore ...` in their examples, and the set-up commands) name
+real commands and only options those commands have, so an example cannot drift from the CLI. The full reference,
+docs/commands.md, is generated from --help (tests/test_cli_reference.py)."""
 
 import re
+import shlex
+
+import importlib.util
 
 import pytest
 import typer.main
 
 from conftest import REPO
-from flashcore_cli.cli import app
-
-README = (REPO / "README.md").read_text()
 
 
-def commands() -> dict:
-    """'bench' -> its click command, 'report merge' -> ..., for every command the app has."""
-    root = typer.main.get_command(app)
-    found = {}
+def _app():
+    """The Typer app, found as scripts/cli_reference.py finds it (its APP names it once)."""
+    spec = importlib.util.spec_from_file_location("cli_reference", REPO / "scripts" / "cli_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.load_app()
 
-    def walk(group, prefix: str) -> None:  # click's classes (typer vendors click): a group has .commands
-        for name, command in group.commands.items():
-            if hasattr(command, "commands"):
-                walk(command, f"{prefix}{name} ")
-            else:
-                found[f"{prefix}{name}"] = command
 
-    walk(root, "")
+app = _app()
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def shown_command_lines() -> list[tuple[str, str]]:
+    """(page, 'flashcore ...') for every line of a fenced block that runs flashcore, prompt or not."""
+    found = []
+    for page in PAGES:
+        in_block = False
+        for line in page.read_text().splitlines():
+            if line.startswith("```"):
+                in_block = not in_block
+                continue
+            text = line.strip().removeprefix("$ ")
+            if in_block and re.match(r"flashcore( |$)", text):
+                found.append((page.relative_to(REPO).as_posix(), text.split(" #")[0].strip()))
     return found
 
 
-COMMANDS = commands()
+LINES = shown_command_lines()
 
 
-def synopses() -> dict[str, str]:
-    """'bench' -> the synopsis text after `flashcore bench`, from every `### ` heading (one heading may hold
-    two, as `flashcore report merge ...` and `flashcore report readme ...`)."""
-    found = {}
-    for heading in re.findall(r"^### (.*)$", README, re.MULTILINE):
-        for synopsis in re.findall(r"`flashcore ([^`]*)`", heading):
-            words = synopsis.split()
-            name = next(n for n in sorted(COMMANDS, key=len, reverse=True) if words[: len(n.split())] == n.split())
-            found[name] = synopsis
-    return found
+def test_the_readme_shows_the_four_commands_users_type():
+    readme = {line for page, line in LINES if page == "README.md"}
+    for command in ("flashcore build v8", "flashcore bench --shape 1,8,512,64", "flashcore ptxas v6",
+                    "flashcore ptxas --all --arch sm_89,sm_90 --fail-on-spill"):
+        assert command in readme
+    assert any(line.startswith("flashcore test --all") for line in readme)
 
 
-SYNOPSES = synopses()
+@pytest.mark.parametrize("page,line", LINES, ids=[f"{p}: {line}" for p, line in LINES])
+def test_a_shown_command_parses(page, line):
+    """Walk the words as click would: command names descend into groups, each option must belong to the command
+    reached so far (a global option such as --registry to the root), and an option that takes a value takes the
+    next word."""
+    command, path = typer.main.get_command(app), ["flashcore"]
+    words = shlex.split(line)[1:]
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word.startswith("-") and not re.match(r"-\d", word):
+            flag = word.split("=")[0]
+            option = next((p for p in command.params if flag in getattr(p, "opts", []) + getattr(p, "secondary_opts", [])), None)
+            assert option is not None or flag == "--help", f"{page}: `{line}`: {' '.join(path)} has no option {flag}"
+            if option is not None and not getattr(option, "is_flag", False) and "=" not in word:
+                i += 1  # its value
+        elif hasattr(command, "commands"):
+            assert word in command.commands, f"{page}: `{line}`: {' '.join(path)} has no command {word!r}"
+            command, path = command.commands[word], [*path, word]
+        i += 1
+    assert not hasattr(command, "commands"), f"{page}: `{line}` names a group, not a command"
 
 
-def options(command) -> list[tuple[str, ...]]:
-    """Each option's flags (e.g. ('--out', '-o')), as --help shows them; --help itself aside."""
-    return [tuple(p.opts) for p in command.params if p.param_type_name == "option" and "--help" not in p.opts and not getattr(p, "hidden", False)]
-
-
-def test_every_command_has_a_synopsis():
-    assert sorted(SYNOPSES) == sorted(COMMANDS)
-
-
-@pytest.mark.parametrize("name", sorted(COMMANDS))
-def test_a_synopsis_lists_every_option_of_its_command_and_no_other(name):
-    synopsis = SYNOPSES[name]
-    written = set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", synopsis))
-    real = options(COMMANDS[name])
-    missing = [flags[0] for flags in real if not written & set(flags)]
-    unknown = sorted(written - {flag for flags in real for flag in flags})
-    assert not missing, f"the README's synopsis of `flashcore {name}` leaves out {missing}"
-    assert not unknown, f"the README's synopsis of `flashcore {name}` names options it does not have: {unknown}"
+def test_every_record_is_cited_and_every_link_resolves():
+    """docs/results/ holds the records the docs cite, each named by a doc; and every relative link of the README and
+    docs/ points at a file that exists."""
+    text = {page: page.read_text() for page in PAGES}
+    records = [p.name for p in (REPO / "docs" / "results").iterdir() if p.name != "README.md"]
+    uncited = [name for name in records if not any(name in t for t in text.values())]
+    assert not uncited, f"records no doc cites (cite them or git rm them): {uncited}"
+    broken = []
+    for page, body in text.items():
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", body):
+            if "://" not in target and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+    assert not broken, f"links to nothing: {broken}"
