@@ -350,7 +350,7 @@ def run_watch(registry_path, name: str, shape_values: list[str] | None, causal: 
               arch_text: str | None, interval: float, timeout: float, reps: int) -> int:  # fmt: skip
     from flashcore_cli.check.correctness import new_seed
     from flashcore_cli.core.console import console, require_gpu
-    from flashcore_cli.measure.bench import MIN_REPS
+    from flashcore_cli.measure.modes import MIN_REPS
     from flashcore_cli.registry.archs import parse_arch, parse_archs
     from flashcore_cli.registry.shapes import MISSION_SHAPE, parse_dtype, parse_shapes
     from flashcore_cli.registry.variants import load_registry

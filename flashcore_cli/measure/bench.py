@@ -33,9 +33,6 @@ from flashcore_cli.registry.variants import Registry, Variant
 from flashcore_cli.measure.roofline import Peaks, roofline
 from flashcore_cli.registry.shapes import Case, Shape, pass_bytes, pass_flops
 
-MIN_REPS = 100
-
-
 @dataclass
 class BenchRow:
     name: str

@@ -152,7 +152,7 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
 
 def check_counts(reps: int, warmup: int, timeout: float) -> None:
     """--reps, --warmup and --timeout, before anything runs (exit 2)."""
-    from flashcore_cli.measure.bench import MIN_REPS
+    from flashcore_cli.measure.modes import MIN_REPS
 
     if reps < MIN_REPS:
         raise FlashcoreError(f"--reps {reps}: at least {MIN_REPS} timed calls are needed for a median and p10/p90")

@@ -185,7 +185,7 @@ def ranked(candidates: list[Candidate]) -> list[Candidate]:
 
 def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup, timeout, arch_text, dry_run, mode_text=DEFAULT_MODE) -> int:
     from flashcore_cli.registry.archs import parse_arch, parse_archs
-    from flashcore_cli.measure.bench import MIN_REPS
+    from flashcore_cli.measure.modes import MIN_REPS
     from flashcore_cli.core.console import console, progress, require_gpu
     from flashcore_cli.check.correctness import new_seed
     from flashcore_cli.core.records import save_record
