@@ -288,18 +288,3 @@ def registry_flag(registry: Path, cwd: Path | None = None) -> str:
     return f"--registry {shlex.quote(shown)} "
 
 
-def run_new(registry_path, name: str, source_name: str) -> int:
-    from rich.markup import escape
-
-    from flashcore_cli.core.console import console
-
-    target, registry, shared, renames = scaffold(registry_path, name, source_name)
-    renamed = f": {', '.join(f'{k} -> {v}' for k, v in renames.items())}" if renames else ""
-    console.print(f"wrote {escape(str(target))} (a copy of {source_name}{renamed})", highlight=False, soft_wrap=True)
-    if shared:
-        listed = ", ".join(os.path.relpath(s, registry.parent) for s in shared)
-        console.print(f"shared with {source_name}, not copied: {escape(listed)}", highlight=False, soft_wrap=True)
-    console.print(f"wrote {escape(str(registry))} (appended the entry '{name}')", highlight=False, soft_wrap=True)
-    flashcore = f"flashcore {registry_flag(registry)}"
-    console.print(f"next: write its header, then `{escape(flashcore)}ptxas {name}` and `{escape(flashcore)}test {name}`", highlight=False, soft_wrap=True)
-    return 0

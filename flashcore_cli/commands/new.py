@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
+from rich.markup import escape
+
+from flashcore_cli.core.console import console
 
 
 def new(
@@ -14,7 +18,20 @@ def new(
     from_: Annotated[str, typer.Option("--from", help="the variant to start from, e.g. v8")],
 ) -> int:
     """Scaffold a variant from another: kernels/NAME.cu with a fresh header, renamed kernels, a registry entry."""
-    from flashcore_cli.builder.scaffold import run_new
-
     return run_new(ctx.obj["registry"], name, from_)
+
+
+def run_new(registry_path, name: str, source_name: str) -> int:
+    from flashcore_cli.builder.scaffold import registry_flag, scaffold
+
+    target, registry, shared, renames = scaffold(registry_path, name, source_name)
+    renamed = f": {', '.join(f'{k} -> {v}' for k, v in renames.items())}" if renames else ""
+    console.print(f"wrote {escape(str(target))} (a copy of {source_name}{renamed})", highlight=False, soft_wrap=True)
+    if shared:
+        listed = ", ".join(os.path.relpath(s, registry.parent) for s in shared)
+        console.print(f"shared with {source_name}, not copied: {escape(listed)}", highlight=False, soft_wrap=True)
+    console.print(f"wrote {escape(str(registry))} (appended the entry '{name}')", highlight=False, soft_wrap=True)
+    flashcore = f"flashcore {registry_flag(registry)}"
+    console.print(f"next: write its header, then `{escape(flashcore)}ptxas {name}` and `{escape(flashcore)}test {name}`", highlight=False, soft_wrap=True)
+    return 0
 

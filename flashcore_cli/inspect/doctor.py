@@ -158,21 +158,6 @@ def registry_check(registry_path) -> Check:
     return Check("registry", True, f"{reg.path}: {len(reg.variants)} variant(s)")
 
 
-def run_doctor(registry_path) -> int:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from flashcore_cli.core.console import console
-
-    with console.status("checking the GPU, the toolchain and the Python packages"):
-        checks = [gpu_check(), nvcc_check(), *package_checks(), *tool_checks(), registry_check(registry_path), *storage_checks()]
-    table = Table(title="flashcore doctor")
-    for col in ("", "piece", "found", "what to do"):
-        table.add_column(col, overflow="fold")
-    for c in checks:
-        todo = f"{c.advice} (needed for {c.needed_for})" if c.advice and c.needed_for else c.advice
-        table.add_row("[green]ok[/]" if c.ok else "[bold red]missing[/]", c.name, escape(c.found), escape(todo))
-    console.print(table)
-    missing = [c.name for c in checks if not c.ok]
-    console.print(f"missing: {', '.join(missing)}" if missing else "[green]everything flashcore uses is here[/]")
-    return 0
+def all_checks(registry_path) -> list[Check]:
+    """Every piece doctor looks at, in the order its table lists them."""
+    return [gpu_check(), nvcc_check(), *package_checks(), *tool_checks(), registry_check(registry_path), *storage_checks()]
