@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from flashcore_cli.builder.toolchain import require_cuda_torch
