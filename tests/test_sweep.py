@@ -11,7 +11,8 @@ from flashcore_cli.cli import app
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.measure.gpus import map_on_gpus, visible_gpus
 from flashcore_cli.registry.shapes import Case, parse_shape
-from flashcore_cli.measure.sweep import PointJob, parse_seq_lens, point_rows, render_sweep
+from flashcore_cli.commands.sweep import render_sweep
+from flashcore_cli.measure.sweep import PointJob, parse_seq_lens, point_rows
 
 runner = CliRunner()
 
