@@ -10,7 +10,8 @@ from rich.console import Console
 from conftest import REPO
 from flashcore_cli.builder.ptxas import KernelResources
 from flashcore_cli.check.correctness import CaseOutcome, VariantOutcome
-from flashcore_cli.loop.watch import Iteration, Watcher, WatchSteps, render_iteration, resource_deltas
+from flashcore_cli.commands.watch import render_iteration
+from flashcore_cli.loop.watch import Iteration, Watcher, WatchSteps, resource_deltas
 from flashcore_cli.registry.shapes import Case, parse_shape
 from flashcore_cli.registry.variants import load_registry
 

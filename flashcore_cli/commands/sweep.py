@@ -7,11 +7,10 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from flashcore_cli.core.console import console, dtype_label, progress, styled
-from flashcore_cli.measure.modes import DEFAULT_MODE
-
 from flashcore_cli.commands.options import (DEFAULT_REPS, DEFAULT_WARMUP, Arch, Causal, Dtype, JsonOut, Mode, Pass, Reps, Warmup,
                                             check_counts)
+from flashcore_cli.core.console import console, dtype_label, progress, styled
+from flashcore_cli.measure.modes import DEFAULT_MODE
 
 
 def sweep(

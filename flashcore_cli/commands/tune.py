@@ -8,12 +8,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from flashcore_cli.commands.options import (DEFAULT_REPS, DEFAULT_WARMUP, Arch, Causal, Mode, Name, Reps, Warmup,
+                                            check_counts)
 from flashcore_cli.core.console import console, progress, styled
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.measure.modes import DEFAULT_MODE
-
-from flashcore_cli.commands.options import (DEFAULT_REPS, DEFAULT_WARMUP, Arch, Causal, Mode, Name, Reps, Warmup,
-                                            check_counts)
 
 
 def tune(
