@@ -75,6 +75,11 @@ class WorkRequest:
         return cls(**{key: value for key, value in values.items() if key in names})
 
 
+def crash_fields(exc: BaseException, where: str) -> dict:
+    """A "crash" event's fields: where it happened, and the exception's type and message."""
+    return {"where": where, "error": f"{type(exc).__name__}: {exc}".strip()[:2000]}
+
+
 def in_mode(event: dict, mode: str) -> bool:
     """An event without a mode (a row skipped before any timing) belongs to every mode."""
     return event.get("mode", mode) == mode
