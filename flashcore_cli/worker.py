@@ -19,7 +19,9 @@ import os
 import sys
 import traceback
 
+from flashcore_cli.core.events import Event
 from flashcore_cli.core.protocol import WorkRequest, crash_fields
+from flashcore_cli.core.statuses import OK
 from flashcore_cli.measure.timed import time_references, time_variant
 from flashcore_cli.registry.shapes import Case
 
@@ -57,14 +59,14 @@ def _build_only(request: WorkRequest, events: Events):
     try:
         result = build_variant(variant, request.arch, force=request.force, extra_defines=defines or None)
     except BuildError as exc:
-        events.emit("build-failed", errors=exc.errors, log=str(exc.log))
+        events.emit(Event.BUILD_FAILED, errors=exc.errors, log=str(exc.log))
         return None
-    events.emit("built", **result.as_dict())
+    events.emit(Event.BUILT, **result.as_dict())
     return variant, result
 
 
 def _crash(events: Events, exc: BaseException, where: str) -> None:
-    events.emit("crash", **crash_fields(exc, where))
+    events.emit(Event.CRASH, **crash_fields(exc, where))
 
 
 def task_build(request: WorkRequest, events: Events) -> None:
@@ -75,13 +77,13 @@ def _check(attn, case: Case, events: Events):
     """Check one case and report it; None when it crashed (the crash is reported; the context is gone)."""
     from flashcore_cli.check.case import check_case
 
-    events.emit("case-start", case=case.as_dict())
+    events.emit(Event.CASE_START, case=case.as_dict())
     try:
         result = check_case(attn, case)
     except Exception as exc:  # a fault poisons the context: report it and stop this variant
         _crash(events, exc, case.label())
         return None
-    events.emit("case", **result.__dict__)
+    events.emit(Event.CASE, **result.__dict__)
     return result
 
 
@@ -100,10 +102,10 @@ def task_bench(request: WorkRequest, events: Events) -> None:
     attn = _build(request, events)
     if attn is None:
         return
-    events.emit("device", gpu=torch.cuda.get_device_name())  # which GPU measured the row (sweep's lanes)
+    events.emit(Event.DEVICE, gpu=torch.cuda.get_device_name())  # which GPU measured the row (sweep's lanes)
     case = Case.from_dict(request.case)
     result = _check(attn, case, events)
-    if result is None or result.status != "OK":
+    if result is None or result.status != OK:
         return  # never time a variant that failed correctness
     time_variant(attn, case, request, events.emit)
 
@@ -128,7 +130,7 @@ def task_launch(request: WorkRequest, events: Events) -> None:
     q, k, v = make_inputs(case)
     backward = attn.variant.supports("backward")
     out = torch.full_like(q, float("nan"))
-    events.emit("case-start", case=case.as_dict())
+    events.emit(Event.CASE_START, case=case.as_dict())
     try:
         for _ in range(request.calls):
             if backward:
@@ -141,7 +143,7 @@ def task_launch(request: WorkRequest, events: Events) -> None:
     except Exception as exc:
         _crash(events, exc, case.label())
         return
-    events.emit("launched", calls=request.calls, kernels=[p[0] for p in attn.plan(case.shape.head_dim)])
+    events.emit(Event.LAUNCHED, calls=request.calls, kernels=[p[0] for p in attn.plan(case.shape.head_dim)])
 
 
 def task_trial(request: WorkRequest, events: Events) -> None:
@@ -154,11 +156,11 @@ def task_trial(request: WorkRequest, events: Events) -> None:
     attn = _build(request, events)
     if attn is None:
         return
-    events.emit("device", gpu=torch.cuda.get_device_name())
-    events.emit("environment", **environment())
+    events.emit(Event.DEVICE, gpu=torch.cuda.get_device_name())
+    events.emit(Event.ENVIRONMENT, **environment())
     for raw in request.cases:
         result = _check(attn, Case.from_dict(raw), events)
-        if result is None or result.status != "OK":
+        if result is None or result.status != OK:
             return  # never time a configuration that failed correctness
     time_variant(attn, Case.from_dict(request.case), request, events.emit)
 
@@ -183,7 +185,7 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         _crash(events, exc, request.task)
         return 3
-    events.emit("done")
+    events.emit(Event.DONE)
     if request.task == "build":
         _leave_now(events)
     return 0

@@ -155,7 +155,7 @@ def test_find_cached_wants_the_library(project, fresh_cache):
 def test_build_answers_a_cached_variant_without_a_worker(project, fresh_cache, monkeypatch, table_rows):
     from typer.testing import CliRunner
 
-    from flashcore_cli import commands
+    from flashcore_cli.commands import build as commands
     from flashcore_cli.cli import app
 
     fake_build(project, fresh_cache)
@@ -171,7 +171,7 @@ def test_build_answers_a_cached_variant_without_a_worker(project, fresh_cache, m
 def test_build_with_force_or_a_tuned_winner_goes_to_a_worker(project, fresh_cache, monkeypatch):
     from typer.testing import CliRunner
 
-    from flashcore_cli import commands
+    from flashcore_cli.commands import build as commands
     from flashcore_cli.builder.tuned import store_tuned
     from flashcore_cli.cli import app
     from flashcore_cli.core.isolate import WorkerOutcome
@@ -199,7 +199,7 @@ def test_build_with_force_or_a_tuned_winner_goes_to_a_worker(project, fresh_cach
 def test_build_all_runs_one_worker_per_variant(project, fresh_cache, monkeypatch):
     from typer.testing import CliRunner
 
-    from flashcore_cli import commands
+    from flashcore_cli.commands import build as commands
     from flashcore_cli.cli import app
     from flashcore_cli.core.isolate import WorkerOutcome
 

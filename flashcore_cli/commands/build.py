@@ -12,6 +12,8 @@ from rich.table import Table
 from flashcore_cli.builder.toolchain import require_cuda_torch
 from flashcore_cli.commands.options import All, Arch, Names
 from flashcore_cli.core.console import console, progress, styled
+from flashcore_cli.core.events import Event
+from flashcore_cli.core.statuses import BUILD_FAIL, OK
 from flashcore_cli.registry.archs import parse_arch, parse_archs
 from flashcore_cli.registry.variants import load_registry
 
@@ -50,7 +52,7 @@ def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
     for v in variants:  # not with a tuned winner stored: which applies depends on the GPU's name (torch's)
         hit = None if force or has_tuned(v.name) else find_cached(v, arch)
         if hit is not None:
-            results[v.name] = WorkerOutcome(status="done", events=[{"event": "built", **hit}])
+            results[v.name] = WorkerOutcome(status="done", events=[{"event": Event.BUILT, **hit}])
     todo = [v for v in variants if v.name not in results]
     cores = os.cpu_count() or 1
     parallel = max(1, min(len(todo), cores))  # a build is one nvcc and a small link: one worker per variant
@@ -76,13 +78,13 @@ def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
         outcome = results[v.name]
         b = outcome.built
         if b:
-            table.add_row(v.name, styled("OK"), b["key"], _build_word(outcome), escape("\n".join(b["resources"])))  # "[sm_90]" is no markup
+            table.add_row(v.name, styled(OK), b["key"], _build_word(outcome), escape("\n".join(b["resources"])))  # "[sm_90]" is no markup
             if verbose:
                 console.print(f"[dim]{v.name}: {b['directory']}/build.log[/]")
         else:
             failed += 1
             detail = classify(outcome, answered=False, wording=LAST_WORDS).detail  # its answer is the build
-            table.add_row(v.name, styled("BUILD-FAIL"), "", "", escape(detail))
+            table.add_row(v.name, styled(BUILD_FAIL), "", "", escape(detail))
     console.print(table)
     return 1 if failed else 0
 

@@ -14,6 +14,7 @@ from rich.table import Table
 from flashcore_cli.core.console import console, err_console, short_kernel
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.commands.options import Arch, Causal, Name
+from flashcore_cli.core.statuses import CRASH, TIMEOUT
 
 
 def sanitize(
@@ -57,7 +58,7 @@ def sass(
 
 def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, causal: bool, timeout: float, show: int, arch_text) -> int:
     from flashcore_cli.core.console import require_gpu
-    from flashcore_cli.core.protocol import CRASH, TIMEOUT, classify
+    from flashcore_cli.core.protocol import classify
     from flashcore_cli.inspect.launch import build_first, launch_under
     from flashcore_cli.inspect.sanitize import DEFAULT_SEQ_LEN, TOOLS, parse_sanitizer, sanitizer_command
     from flashcore_cli.registry.archs import parse_arch, parse_archs

@@ -10,6 +10,7 @@ from rich.table import Table
 from flashcore_cli.commands.options import (DEFAULT_REPS, DEFAULT_WARMUP, Arch, Causal, Dtype, JsonOut, Mode, Pass, Reps, Warmup,
                                             check_counts)
 from flashcore_cli.core.console import console, dtype_label, progress, styled
+from flashcore_cli.core.statuses import OK
 from flashcore_cli.measure.modes import DEFAULT_MODE
 
 
@@ -105,7 +106,7 @@ def measure_with_progress(jobs: list, gpus: list[str]) -> tuple[list[dict], dict
 
         def on_point(job, result, gpu):
             bar.advance(task)
-            statuses = ", ".join(f"{r.name} {r.status}" for r in result["rows"] if r.status != "OK") or "OK"
+            statuses = ", ".join(f"{r.name} {r.status}" for r in result["rows"] if r.status != OK) or OK
             bar.console.print(f"  S={Case.from_dict(job.case).shape.seq_len} {job.variant or 'references'} (gpu {gpu}): {statuses}")
 
         return measure_points(jobs, gpus, on_point=on_point)

@@ -9,6 +9,8 @@ from rich.table import Table
 
 from flashcore_cli.commands.options import All, Arch, JsonOut, Names, Seed, check_timeout, usable_paths
 from flashcore_cli.core.console import console, progress, require_gpu, styled
+from flashcore_cli.core.events import Event
+from flashcore_cli.core.statuses import BUILD_FAIL, CRASH, MISMATCH, NOT_RUN, OK, SKIP, TIMEOUT
 from flashcore_cli.registry.archs import parse_arch, parse_archs
 from flashcore_cli.registry.variants import load_registry
 
@@ -52,11 +54,11 @@ def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, 
 
             def on_event(e, task=task, name=v.name):
                 kind = e.get("event")
-                if kind == "built":
+                if kind == Event.BUILT:
                     bar.update(task, description=f"{name}: checking")
-                elif kind == "case":
+                elif kind == Event.CASE:
                     bar.advance(task)
-                elif kind == "case-start":
+                elif kind == Event.CASE_START:
                     c = e["case"]
                     bar.update(task, description=f"{name}: {c['shape']}{' causal' if c['causal'] else ''} {c.get('dtype', 'fp16')}")
 
@@ -73,7 +75,7 @@ def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, 
 
 def _render_test(outcomes) -> None:
     table = Table(title="correctness: max|out - ref| <= max(1 ulp at 1.0, 2 x SDPA's error in the same dtype), fp32 reference")
-    for col, just in (("variant", "left"), ("status", "left"), ("dtypes", "left"), ("OK", "right"), ("MISMATCH", "right"),
+    for col, just in (("variant", "left"), ("status", "left"), ("dtypes", "left"), (OK, "right"), (MISMATCH, "right"),
                       ("TIMEOUT/CRASH/BUILD", "right"), ("SKIP/NOT-RUN", "right"), ("worst err/tol", "right"),
                       ("time", "right")):  # fmt: skip
         table.add_column(col, justify=just)
@@ -81,16 +83,16 @@ def _render_test(outcomes) -> None:
         count = lambda *s: str(sum(c.status in s for c in o.cases))  # noqa: E731
         ratio = o.worst_ratio()
         table.add_row(
-            o.variant, styled(o.status), ", ".join(dict.fromkeys(c.case.dtype for c in o.cases)), count("OK"), count("MISMATCH"), count("TIMEOUT", "CRASH", "BUILD-FAIL"),
-            count("SKIP", "NOT-RUN"), "-" if ratio is None else f"{ratio:.2f}", f"{o.seconds:.1f} s",
+            o.variant, styled(o.status), ", ".join(dict.fromkeys(c.case.dtype for c in o.cases)), count(OK), count(MISMATCH), count(TIMEOUT, CRASH, BUILD_FAIL),
+            count(SKIP, NOT_RUN), "-" if ratio is None else f"{ratio:.2f}", f"{o.seconds:.1f} s",
         )  # fmt: skip
     console.print(table)
     for o in outcomes:
         shown = 0
         for c in o.cases:
-            if c.status in ("OK", "NOT-RUN") or (c.status == "SKIP" and shown):
+            if c.status in (OK, NOT_RUN) or (c.status == SKIP and shown):
                 continue
-            if c.status == "SKIP":
+            if c.status == SKIP:
                 console.print(f"[dim]{o.variant}: SKIP {c.case.label()}: {c.detail}[/]")
                 shown += 1
                 continue
@@ -102,6 +104,6 @@ def _render_test(outcomes) -> None:
             for m in c.mismatches:
                 b, h, s, d = m["index"]
                 console.print(f"    (b={b}, h={h}, s={s}, d={d}): expected {m['expected']:.5g}, got {m['got']:.5g}")
-            if c.status in ("BUILD-FAIL", "CRASH", "TIMEOUT") and c.detail:
+            if c.status in (BUILD_FAIL, CRASH, TIMEOUT) and c.detail:
                 break  # the same detail for the rest of the variant's cases
 

@@ -12,6 +12,7 @@ from flashcore_cli.commands.options import (DEFAULT_REPS, DEFAULT_WARMUP, Arch, 
                                             check_counts)
 from flashcore_cli.core.console import console, progress, styled
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.statuses import OK
 from flashcore_cli.measure.modes import DEFAULT_MODE
 
 
@@ -142,7 +143,7 @@ def render_ranking(candidates: list, variant: str, case_label: str, saved, mode:
         if c.median:
             same = best is not c and timing_verdict(best.timing, c.timing).word == "same"
             vs = f"{c.median / best.median:.2f}x" + (" (same)" if same else "")
-            table.add_row(str(rank), c.label, styled("OK"), f"{c.median:.1f}", f"{c.timing['p10_us']:.1f}-{c.timing['p90_us']:.1f}",
+            table.add_row(str(rank), c.label, styled(OK), f"{c.median:.1f}", f"{c.timing['p10_us']:.1f}-{c.timing['p90_us']:.1f}",
                           vs, c.resources, f"gpu {c.lane}")  # fmt: skip
         else:
             status = styled(c.status) if c.status else "[dim]skipped[/]" if c.skipped else "[dim]to run[/]"

@@ -14,6 +14,7 @@ from rich.table import Table
 from flashcore_cli.commands.options import DEFAULT_REPS, Arch, Causal, Name, Reps, check_reps, check_timeout
 from flashcore_cli.core.console import console, styled
 from flashcore_cli.core.errors import EXIT_INTERRUPTED, FlashcoreError
+from flashcore_cli.core.statuses import BUILD_FAIL, SKIP
 
 
 def watch(
@@ -51,7 +52,7 @@ def render_iteration(console, it, history: list, *, title: str, clear: bool) -> 
         if binding and not binding.get("cached", True):
             built += f" (+ the shared binding, {binding.get('build_seconds', 0):.1f} s)"
         grid.add_row("build", f"{built}  [dim]key {b.get('key', '')}[/]")
-    elif it.status == "BUILD-FAIL":
+    elif it.status == BUILD_FAIL:
         grid.add_row("build", "[bold yellow]failed[/] (the compiler's first errors below)")
     counts = {}
     for c in it.cases:
@@ -77,7 +78,7 @@ def render_iteration(console, it, history: list, *, title: str, clear: bool) -> 
         else:
             grid.add_row("ptxas", escape(_resources_line(it.resources)) + ("" if len(history) < 2 else "  [dim](no change)[/]"))
     if it.errors:
-        grid.add_row("errors" if it.status != "SKIP" else "skip", f"[red]{escape(it.errors)}[/]" if it.status != "SKIP" else escape(it.errors))
+        grid.add_row("errors" if it.status != SKIP else "skip", f"[red]{escape(it.errors)}[/]" if it.status != SKIP else escape(it.errors))
     mismatches = it.mismatch_lines()
     if mismatches:
         grid.add_row("mismatch", f"[red]{escape(chr(10).join(mismatches))}[/]")

@@ -9,19 +9,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.statuses import BUILD_FAIL, CRASH, MISMATCH, NOT_RUN, OK, SKIP, TIMEOUT
 
 # Tables are wide: give pipes and CI logs room instead of folding every cell.
 console = Console(width=None if sys.stdout.isatty() else 180)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 180)
 
 STATUS_STYLE = {
-    "OK": "green",
-    "SKIP": "dim",
-    "NOT-RUN": "dim",
-    "MISMATCH": "bold red",
-    "TIMEOUT": "bold magenta",
-    "CRASH": "bold red",
-    "BUILD-FAIL": "bold yellow",
+    OK: "green",
+    SKIP: "dim",
+    NOT_RUN: "dim",
+    MISMATCH: "bold red",
+    TIMEOUT: "bold magenta",
+    CRASH: "bold red",
+    BUILD_FAIL: "bold yellow",
 }
 
 

@@ -27,6 +27,7 @@ from typing import Callable
 from flashcore_cli.builder.ptxas import KernelResources, kernel_base_name
 from flashcore_cli.check.correctness import CaseOutcome, VariantOutcome
 from flashcore_cli.core.errors import EXIT_INTERRUPTED, FlashcoreError
+from flashcore_cli.core.statuses import BUILD_FAIL, CRASH, MISMATCH, OK, SKIP, TIMEOUT
 from flashcore_cli.measure.modes import DEFAULT_MODE
 
 POLL_SECONDS = 0.2  # between two looks at the files' mtimes
@@ -64,7 +65,7 @@ class Iteration:
     def mismatch_lines(self, limit: int = 5) -> list[str]:
         lines = []
         for c in self.cases:
-            if c.status != "MISMATCH":
+            if c.status != MISMATCH:
                 continue
             where = "; ".join(f"{_index(m['index'])} expected {m['expected']:.4g}, got {m['got']:.4g}" for m in c.mismatches[:2])
             lines.append(f"{c.case.label()}: max error {c.max_error:.4g} > tolerance {c.tolerance:.4g}; first at {where or c.detail}")
@@ -161,13 +162,13 @@ class Watcher:
         it.cases = outcome.cases
         it.status = outcome.status
         it.build = dict(outcome.build)
-        failed_build = [c for c in outcome.cases if c.status == "BUILD-FAIL"]
+        failed_build = [c for c in outcome.cases if c.status == BUILD_FAIL]
         if failed_build:
             it.errors = _first_lines(failed_build[0].detail)
-        elif it.status in ("CRASH", "TIMEOUT"):
+        elif it.status in (CRASH, TIMEOUT):
             bad = next(c for c in outcome.cases if c.status == it.status)
             it.errors = _first_lines(bad.detail or outcome.detail)
-        elif it.status == "SKIP":
+        elif it.status == SKIP:
             it.errors = next((c.detail for c in outcome.cases if c.detail), "")
         if it.build:
             try:
@@ -177,7 +178,7 @@ class Watcher:
             previous = next((h.resources for h in reversed(self.history) if h.resources is not None), None)
             if it.resources is not None:
                 it.deltas = resource_deltas(previous, it.resources)
-        if self.steps.bench is not None and it.status == "OK":
+        if self.steps.bench is not None and it.status == OK:
             self._bench(registry, variant, it)
         it.seconds = self.clock() - start
         return it

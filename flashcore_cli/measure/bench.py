@@ -23,10 +23,11 @@ import time
 from dataclasses import dataclass, field
 
 from flashcore_cli.check.correctness import CaseOutcome
+from flashcore_cli.core.events import Event
 from flashcore_cli.core.isolate import run_worker
-from flashcore_cli.core.protocol import (BUILD_FAIL, LAST_WORDS, OK, WorkerOutcome, WorkRequest, classify, in_mode,
-                                         timing_fields)
+from flashcore_cli.core.protocol import LAST_WORDS, WorkerOutcome, WorkRequest, classify, in_mode, timing_fields
 from flashcore_cli.core.records import clocks
+from flashcore_cli.core.statuses import BUILD_FAIL, OK, SKIP
 from flashcore_cli.measure.modes import DEFAULT_MODE
 from flashcore_cli.measure.references import SDPA_DEFAULT
 from flashcore_cli.registry.variants import Registry, Variant
@@ -130,9 +131,9 @@ def bench_references(case: Case, *, reps: int, warmup: int, timeout: float, mode
     verdict = classify(worker, wording=LAST_WORDS)  # the rows timed before a crash or a timeout stand beside it
     rows: dict[str, list[BenchRow]] = {}
     for mode in modes:
-        rows[mode] = [BenchRow(e["name"], "reference", "OK", timing_fields(e), detail=e.get("detail", ""))
+        rows[mode] = [BenchRow(e["name"], "reference", OK, timing_fields(e), detail=e.get("detail", ""))
                       for e in worker.timings(mode)]  # fmt: skip
-        rows[mode] += [BenchRow(e["name"], "reference", "SKIP", detail=e["reason"]) for e in worker.reference_skips(mode)]
+        rows[mode] += [BenchRow(e["name"], "reference", SKIP, detail=e["reason"]) for e in worker.reference_skips(mode)]
         if verdict.status != OK:
             rows[mode].append(BenchRow("references", "reference", verdict.status, detail=verdict.detail))
     return rows, worker.environment
@@ -157,7 +158,7 @@ def bench_variant(
     reference row timed in turn with it (the variant row's `paired`, None where the variant was not timed)."""
     reason = variant.unsupported_reason(case.shape.head_dim, case.causal, arch, case.dtype, **case.needs())
     if reason:
-        return {m: BenchRow(variant.name, "variant", "SKIP", detail=reason) for m in modes}
+        return {m: BenchRow(variant.name, "variant", SKIP, detail=reason) for m in modes}
     request = WorkRequest("bench", str(registry.path), variant.name, arch, defines=defines or {}, case=case.as_dict(), reps=reps,
                           warmup=warmup, modes=list(modes), passes=passes, pair=pair)  # fmt: skip
     worker = run_worker(request, run_timeout=timeout, on_event=on_event)
@@ -175,11 +176,11 @@ def _paired_row(reference: str, variant: str, worker: WorkerOutcome, mode: str) 
     """The reference's row from a paired worker: its samples, or SKIP with the reason it could not run; None
     where the variant was not timed (so neither was the reference)."""
     name = paired_name(reference, variant)
-    if timing := [e for e in worker.find("pair-timing") if in_mode(e, mode)]:
+    if timing := [e for e in worker.find(Event.PAIR_TIMING) if in_mode(e, mode)]:
         return BenchRow(name, "reference", OK, timing_fields(timing[0]), detail=f"samples in turn with {variant}'s",
                         paired_with=variant)  # fmt: skip
-    if skipped := worker.find("pair-skipped"):
-        return BenchRow(name, "reference", "SKIP", detail=skipped[0]["reason"], paired_with=variant)
+    if skipped := worker.find(Event.PAIR_SKIPPED):
+        return BenchRow(name, "reference", SKIP, detail=skipped[0]["reason"], paired_with=variant)
     return None
 
 
@@ -194,7 +195,7 @@ def _variant_row(variant: Variant, case: Case, worker: WorkerOutcome, mode: str,
     if timing := worker.timings(mode):  # detail: a kernel run in place of the preferred one (forward_note)
         return BenchRow(variant.name, "variant", OK, timing_fields(timing[0]), key=key, detail=timing[0].get("detail", ""))
     if skipped := worker.timing_skips(mode):
-        return BenchRow(variant.name, "variant", "SKIP", key=key, detail=f"{mode} mode: {skipped[0]['reason']}")
+        return BenchRow(variant.name, "variant", SKIP, key=key, detail=f"{mode} mode: {skipped[0]['reason']}")
     if verdict.status != OK:  # TIMEOUT, CRASH
         return BenchRow(variant.name, "variant", verdict.status, key=key, detail=verdict.detail)
     e = failed  # the check failed: the row says how, never timed

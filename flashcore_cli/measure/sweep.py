@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.events import Event
+from flashcore_cli.core.statuses import CRASH
 from flashcore_cli.measure.modes import DEFAULT_MODE
 
 DEFAULT_SEQ_LENS = "512,1024,2048,4096,8192,16384"
@@ -57,7 +59,7 @@ def run_point(job: PointJob) -> dict:
     device = {}
 
     def on_event(event: dict) -> None:
-        if event.get("event") == "device":
+        if event.get("event") == Event.DEVICE:
             device["gpu"] = event["gpu"]
 
     rows = bench_variant(reg, reg.get(job.variant), case, arch=job.arch, reps=job.reps, warmup=job.warmup, timeout=job.timeout,
@@ -70,7 +72,7 @@ def lost_point(job: PointJob, lost) -> dict:
     from flashcore_cli.measure.bench import BenchRow
 
     name, kind = (job.variant, "variant") if job.variant else ("references", "reference")
-    return {"rows": [BenchRow(name, kind, "CRASH", detail=lost.reason)], "environment": {}, "gpu_name": ""}
+    return {"rows": [BenchRow(name, kind, CRASH, detail=lost.reason)], "environment": {}, "gpu_name": ""}
 
 
 def point_rows(job: PointJob, rows: list, sdpa_median: float | None, gpu: str, gpu_name: str = "") -> list[dict]:

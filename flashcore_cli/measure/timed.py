@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 
+from flashcore_cli.core.events import Event
 from flashcore_cli.core.protocol import WorkRequest, crash_fields
 from flashcore_cli.registry.shapes import Case
 
@@ -69,7 +70,7 @@ def time_variant(attn, case: Case, request: WorkRequest, emit) -> None:
             except Exception as exc:  # a backend that cannot run this shape
                 fn, why_not = None, first_line(exc)
         if fn is None:
-            emit("pair-skipped", name=request.pair, reason=why_not)
+            emit(Event.PAIR_SKIPPED, name=request.pair, reason=why_not)
             _time_modes(attn, case, request, emit, alone)
             return
         paired = lambda mode: time_pair(call, fn, mode=mode, reps=request.reps, warmup=request.warmup)  # noqa: E731
@@ -84,17 +85,17 @@ def _time_modes(attn, case: Case, request: WorkRequest, emit, measure, what: str
         try:
             mine, theirs = measure(mode)
         except TimingError as exc:  # this mode cannot time the call: say why, go on with the next mode
-            emit("timing-skipped", name=attn.name, key=attn.build.key, mode=mode, reason=str(exc))
+            emit(Event.TIMING_SKIPPED, name=attn.name, key=attn.build.key, mode=mode, reason=str(exc))
             continue
         except Exception as exc:
-            emit("crash", **crash_fields(exc, f"timing {case.label()}{what} ({mode} mode)"))
+            emit(Event.CRASH, **crash_fields(exc, f"timing {case.label()}{what} ({mode} mode)"))
             return
         # a kernel the launcher ran in place of its preferred one is named in the row that timed it (a backward
         # alone runs no forward: the note of the setup's forward is not its row's)
         note = attn.forward_note() if request.passes != "bwd" else None
-        emit("timing", name=attn.name, key=attn.build.key, **mine.as_dict(), **({"detail": note} if note else {}))
+        emit(Event.TIMING, name=attn.name, key=attn.build.key, **mine.as_dict(), **({"detail": note} if note else {}))
         if theirs is not None:
-            emit("pair-timing", name=request.pair, paired_with=attn.name, **theirs.as_dict())
+            emit(Event.PAIR_TIMING, name=request.pair, paired_with=attn.name, **theirs.as_dict())
 
 
 def time_references(request: WorkRequest, emit) -> None:
@@ -108,22 +109,22 @@ def time_references(request: WorkRequest, emit) -> None:
 
     from flashcore_cli.measure.roofline import device_peaks
 
-    emit("built", note="references need no build")
+    emit(Event.BUILT, note="references need no build")
     peaks = device_peaks()
-    emit("environment", **environment(), peaks=peaks.as_dict() if peaks else None)
+    emit(Event.ENVIRONMENT, **environment(), peaks=peaks.as_dict() if peaks else None)
     case = Case.from_dict(request.case)
     q, k, v = make_inputs(case)
     modes = request_modes(request)
     flusher = L2Flusher() if needs_flusher(modes) else None  # one for every row, made before any is timed
     for name, fn, context, why_not in reference_functions(q, k, v, case.causal, request.passes):
         if fn is None:
-            emit("reference-skipped", name=name, reason=why_not)  # no mode: skipped in every mode
+            emit(Event.REFERENCE_SKIPPED, name=name, reason=why_not)  # no mode: skipped in every mode
             continue
         with context:  # entered once per row (a backend pin is a one-shot context manager)
             try:
                 fn()
             except Exception as exc:  # a backend that cannot run this shape: say so and go on
-                emit("reference-skipped", name=name, reason=first_line(exc))
+                emit(Event.REFERENCE_SKIPPED, name=name, reason=first_line(exc))
                 continue
             describe = getattr(fn, "describe", None)  # what the row runs, when it chose (Triton's tuned tile)
             detail = describe() if describe else ""
@@ -132,9 +133,9 @@ def time_references(request: WorkRequest, emit) -> None:
                     timing = time_callable(fn, mode=mode, reps=request.reps, warmup=request.warmup, flusher=flusher)
                 except Exception as exc:  # this mode cannot time it (e.g. no graph capture): the reason, per mode
                     reason = str(exc) if isinstance(exc, TimingError) else first_line(exc)
-                    emit("reference-skipped", name=name, mode=mode, reason=reason)
+                    emit(Event.REFERENCE_SKIPPED, name=name, mode=mode, reason=reason)
                     continue
-                emit("timing", name=name, detail=detail, **timing.as_dict())
+                emit(Event.TIMING, name=name, detail=detail, **timing.as_dict())
 
 
 def first_line(exc: BaseException) -> str:

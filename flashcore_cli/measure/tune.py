@@ -19,9 +19,10 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from flashcore_cli.core.statuses import CRASH, OK, SKIP
 from flashcore_cli.registry.constraints import compile_constraint
 from flashcore_cli.core.errors import FlashcoreError
-from flashcore_cli.core.protocol import OK, WorkRequest, Wording, classify, timing_fields
+from flashcore_cli.core.protocol import WorkRequest, Wording, classify, timing_fields
 from flashcore_cli.measure.modes import DEFAULT_MODE
 from flashcore_cli.registry.variants import TuneSpace, Variant
 
@@ -159,7 +160,7 @@ def run_trial(job: TrialJob) -> dict:
         e = bad[0]
         return {**result, "status": e["status"], "detail": f"{e['case']['shape']}{' causal' if e['case']['causal'] else ''}: {e['detail']}"}
     if not timing:
-        return {**result, "status": "SKIP", "detail": f"{job.mode} mode: {skipped[0]['reason']}"}
+        return {**result, "status": SKIP, "detail": f"{job.mode} mode: {skipped[0]['reason']}"}
     return {**result, "status": OK, "timing": timing_fields(timing[0])}
 
 
@@ -185,7 +186,7 @@ def ranked(candidates: list[Candidate]) -> list[Candidate]:
 
 def lost_trial(lost) -> dict:
     """A trial whose lane died under it (gpus.LaneLost): CRASH with the reason."""
-    return {"status": "CRASH", "detail": lost.reason, "timing": {}, "gpu": "", "key": "", "environment": {}}
+    return {"status": CRASH, "detail": lost.reason, "timing": {}, "gpu": "", "key": "", "environment": {}}
 
 
 def run_trials(template: TrialJob, runnable: list[Candidate], gpus: list[str] | None = None,

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.statuses import OK
 from flashcore_cli.measure.modes import OLD_RECORD_MODE
 from flashcore_cli.measure.timing import DEFAULT_THRESHOLD, Verdict, timing_verdict
 
@@ -78,9 +79,9 @@ def row_verdict(a: dict, b: dict, threshold: float = DEFAULT_THRESHOLD) -> Verdi
     timed_a, timed_b = bool(a.get("median_us")), bool(b.get("median_us"))
     if timed_a and timed_b:
         return timing_verdict(a, b, threshold)
-    if a.get("status") == "OK" and b.get("status") != "OK":
+    if a.get("status") == OK and b.get("status") != OK:
         return Verdict("broken", regression=True)
-    if b.get("status") == "OK" and a.get("status") != "OK":
+    if b.get("status") == OK and a.get("status") != OK:
         return Verdict("fixed")
     return Verdict("not timed")
 

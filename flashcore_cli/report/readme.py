@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.statuses import OK
 from flashcore_cli.report.compare import (  # the records' kinds and defaults, and reading a record's sections
     BENCH_KIND,
     DEFAULT_DTYPE,
@@ -154,7 +155,7 @@ def bench_table(s: Section, source: str) -> list[str]:
     rows = []
     for r in s.rows:
         if r.get("median_us"):
-            rows.append([r["name"], r.get("status", "OK"), us(r["median_us"]), f"{us(r['p10_us'])}-{us(r['p90_us'])}",
+            rows.append([r["name"], r.get("status", OK), us(r["median_us"]), f"{us(r['p10_us'])}-{us(r['p90_us'])}",
                          f"{r.get('tflops', 0):.1f}", speedup(r), r.get("kind", "")])  # fmt: skip
         else:
             rows.append([r["name"], r.get("status", "?"), "-", "-", "-", "-", (r.get("detail") or "").strip().split("\n")[0][:100]])
