@@ -27,6 +27,7 @@ import re
 import shlex
 from pathlib import Path
 
+from flashcore_cli.core.dtypes import DEFAULT_DTYPE
 from flashcore_cli.core.errors import FlashcoreError
 
 _IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -174,7 +175,7 @@ def _entry_of(variant) -> dict:
         entry["defines"] = dict(variant.defines)
     if variant.archs:
         entry["archs"] = list(variant.archs)
-    if tuple(variant.dtypes) != ("fp16",):
+    if tuple(variant.dtypes) != (DEFAULT_DTYPE,):
         entry["dtypes"] = list(variant.dtypes)
     if variant.features:
         entry["features"] = list(variant.features)

@@ -19,19 +19,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from flashcore_cli.core.dtypes import TORCH_NAMES
 from flashcore_cli.core.statuses import MISMATCH, OK
 from flashcore_cli.registry.shapes import Case
 
 ATOL = 2.0**-10
 ATOL_BY_DTYPE = {"fp16": ATOL, "bf16": 2.0**-7}
-TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 MAX_MISMATCHES_SHOWN = 5
 
 
 def torch_dtype(name: str):
     import torch
 
-    return getattr(torch, TORCH_DTYPES[name])
+    return getattr(torch, TORCH_NAMES[name])
 
 
 @dataclass

@@ -11,7 +11,9 @@ from rich.table import Table
 from flashcore_cli.commands.options import (DEFAULT_REPS, DEFAULT_WARMUP, All, Arch, Causal, Dtype, JsonOut, Names, Pass,
                                             Reps, Seed, Warmup, check_counts, usable_paths)
 from flashcore_cli.core.console import console, dtype_label, progress, require_gpu, styled, timing_note
+from flashcore_cli.core.dtypes import DEFAULT_DTYPE
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.passes import DEFAULT_PASS
 from flashcore_cli.measure.modes import DEFAULT_MODE, mode_help
 from flashcore_cli.registry.archs import parse_arch, parse_archs
 from flashcore_cli.registry.variants import load_registry
@@ -32,8 +34,8 @@ def bench(
     seed: Seed = None,
     arch: Arch = None,
     mode: Annotated[str, typer.Option("--mode", help=f"{mode_help()}; several, comma-separated, in one record")] = DEFAULT_MODE,
-    dtype: Dtype = "fp16",
-    passes: Pass = "fwd",
+    dtype: Dtype = DEFAULT_DTYPE,
+    passes: Pass = DEFAULT_PASS,
     pair: Annotated[Optional[str], typer.Option("--pair", help="a reference row (e.g. sdpa-cudnn) also timed in each variant's "
                                                 "worker, its samples in turn with the variant's: the row REF~VARIANT "
                                                 "(cold mode)")] = None,
@@ -44,7 +46,7 @@ def bench(
 
 
 def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json_path, timeout, seed, arch, mode=DEFAULT_MODE,
-              dtype_text="fp16", pass_text="fwd", pair=None) -> int:  # fmt: skip
+              dtype_text=DEFAULT_DTYPE, pass_text=DEFAULT_PASS, pair=None) -> int:  # fmt: skip
     from flashcore_cli.measure.bench import BenchRun, bench_references, bench_variant, finish
     from flashcore_cli.measure.references import REFERENCE_ROWS
     from flashcore_cli.check.correctness import new_seed, write_json
@@ -66,7 +68,7 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
     require_gpu("bench")
     arch = parse_arch(arch) if arch else parse_archs(None)[0]
     seed = seed if seed is not None else new_seed()
-    case = Case(shape, causal, seed, dtype=dtype, grads=passes != "fwd")
+    case = Case(shape, causal, seed, dtype=dtype, grads=passes != DEFAULT_PASS)
     run = BenchRun(shape, causal, seed, modes, dtype=dtype, passes=passes)
     console.print(f"bench {shape}{' causal' if causal else ''}{dtype_label(dtype)}{pass_label(passes)}: {reps} samples per "
                   f"row and mode; seed {seed}")  # fmt: skip
@@ -103,7 +105,7 @@ BYTES_COUNTED = {"fwd": "Q, K, V read, O written", "bwd": "Q, K, V, O, dO read, 
 
 
 def pass_label(passes: str) -> str:
-    return "" if passes == "fwd" else f" ({passes})"
+    return "" if passes == DEFAULT_PASS else f" ({passes})"
 
 
 def render_bench(run) -> None:

@@ -22,8 +22,8 @@ def compare(
 
 
 def run_compare(path_a: str, path_b: str, threshold: float, mode: str | None = None) -> int:
-    from flashcore_cli.report.compare import (DEFAULT_PASS, SAME_RULE, compare, is_results_file, load_pair, record_mode,
-                                              warnings_for)
+    from flashcore_cli.core.passes import DEFAULT_PASS
+    from flashcore_cli.report.compare import SAME_RULE, compare, is_results_file, load_pair, record_mode, warnings_for
 
     if not 0 <= threshold < 1:
         raise FlashcoreError(f"--threshold {threshold}: give a fraction between 0 and 1 (0.05 is 5%)")

@@ -10,6 +10,8 @@ from rich.table import Table
 from flashcore_cli.commands.options import (DEFAULT_REPS, DEFAULT_WARMUP, Arch, Causal, Dtype, JsonOut, Mode, Pass, Reps, Warmup,
                                             check_counts)
 from flashcore_cli.core.console import console, dtype_label, progress, styled
+from flashcore_cli.core.dtypes import DEFAULT_DTYPE
+from flashcore_cli.core.passes import DEFAULT_PASS
 from flashcore_cli.core.statuses import OK
 from flashcore_cli.measure.modes import DEFAULT_MODE
 
@@ -30,8 +32,8 @@ def sweep(
     json_path: JsonOut = None,
     arch: Arch = None,
     mode: Mode = DEFAULT_MODE,
-    dtype: Dtype = "fp16",
-    passes: Pass = "fwd",
+    dtype: Dtype = DEFAULT_DTYPE,
+    passes: Pass = DEFAULT_PASS,
 ) -> int:
     """Time variants and the references along the sequence length, over every visible GPU; record and chart."""
     return run_sweep(ctx.obj["registry"], names, seq, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch, mode,
@@ -39,7 +41,7 @@ def sweep(
 
 
 def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch_text,
-              mode_text=DEFAULT_MODE, dtype_text="fp16", pass_text="fwd") -> int:  # fmt: skip
+              mode_text=DEFAULT_MODE, dtype_text=DEFAULT_DTYPE, pass_text=DEFAULT_PASS) -> int:  # fmt: skip
     """Parse and check the options, plan the points, measure them over the GPUs, then record, show and chart."""
     from flashcore_cli.check.correctness import new_seed
     from flashcore_cli.core.console import require_gpu

@@ -11,8 +11,9 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from flashcore_cli.commands.options import DEFAULT_REPS, Arch, Causal, Name, Reps, check_reps, check_timeout
+from flashcore_cli.commands.options import DEFAULT_REPS, Arch, Causal, Dtype, Name, Reps, check_reps, check_timeout
 from flashcore_cli.core.console import console, styled
+from flashcore_cli.core.dtypes import DEFAULT_DTYPE
 from flashcore_cli.core.errors import EXIT_INTERRUPTED, FlashcoreError
 from flashcore_cli.core.statuses import BUILD_FAIL, SKIP
 
@@ -24,7 +25,7 @@ def watch(
     shape: Annotated[Optional[list[str]], typer.Option("--shape", help="B,H,S,D to check at (repeat; default 1,8,512,64); the first is timed")] = None,
     causal: Causal = False,
     bench: Annotated[bool, typer.Option("--bench", help="also time the first shape (cold) beside SDPA and the previous build")] = False,
-    dtype: Annotated[str, typer.Option("--dtype", help="fp16 or bf16")] = "fp16",
+    dtype: Dtype = DEFAULT_DTYPE,
     arch: Arch = None,
     interval: Annotated[float, typer.Option("--interval", help="seconds between two looks at the files")] = 0.2,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds per check or timing (after its build)")] = 120.0,

@@ -8,6 +8,7 @@ import sys
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from flashcore_cli.core.dtypes import DEFAULT_DTYPE
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.core.statuses import BUILD_FAIL, CRASH, MISMATCH, NOT_RUN, OK, SKIP, TIMEOUT
 
@@ -64,7 +65,7 @@ def short_kernel(name: str) -> str:
 
 def dtype_label(dtype: str) -> str:
     """' bf16' after a shape in titles; nothing for fp16, the default."""
-    return "" if dtype == "fp16" else f" {dtype}"
+    return "" if dtype == DEFAULT_DTYPE else f" {dtype}"
 
 
 def timing_note(kind: str, timing: dict) -> str:

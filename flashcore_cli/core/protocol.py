@@ -25,6 +25,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from flashcore_cli.core.events import Event, describe
+from flashcore_cli.core.passes import DEFAULT_PASS
 from flashcore_cli.core.statuses import BUILD_FAIL, CRASH, OK, TIMEOUT
 
 __doc__ = __doc__.replace("{events}", describe())
@@ -48,7 +49,7 @@ class WorkRequest:
     reps: int = 0  # timed samples per row and mode
     warmup: int = 0  # untimed calls first
     modes: list[str] = field(default_factory=list)  # the timing modes, in order (empty: the default mode)
-    passes: str = "fwd"  # what a timed call does: fwd, bwd or fwd+bwd ("pass" in the JSON)
+    passes: str = DEFAULT_PASS  # what a timed call does: fwd, bwd or fwd+bwd ("pass" in the JSON)
     calls: int = 1  # launch: how many calls
     pair: str = ""  # bench: a reference row (measure/references.py) whose samples alternate with the variant's
 

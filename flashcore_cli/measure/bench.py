@@ -23,8 +23,10 @@ import time
 from dataclasses import dataclass, field
 
 from flashcore_cli.check.correctness import CaseOutcome
+from flashcore_cli.core.dtypes import DEFAULT_DTYPE
 from flashcore_cli.core.events import Event
 from flashcore_cli.core.isolate import run_worker
+from flashcore_cli.core.passes import DEFAULT_PASS
 from flashcore_cli.core.protocol import LAST_WORDS, WorkerOutcome, WorkRequest, classify, in_mode, timing_fields
 from flashcore_cli.core.records import clocks
 from flashcore_cli.core.statuses import BUILD_FAIL, OK, SKIP
@@ -73,8 +75,8 @@ class BenchRun:
     causal: bool
     seed: int
     modes: list[str] = field(default_factory=lambda: [DEFAULT_MODE])
-    dtype: str = "fp16"  # of q, k, v for every row, references included
-    passes: str = "fwd"  # what a timed call does: fwd, bwd or fwd+bwd (shapes.PASSES)
+    dtype: str = DEFAULT_DTYPE  # of q, k, v for every row, references included
+    passes: str = DEFAULT_PASS  # what a timed call does: fwd, bwd or fwd+bwd (shapes.PASSES)
     rows: dict[str, list[BenchRow]] = field(default_factory=dict)  # mode -> its rows, in run order
     environment: dict = field(default_factory=dict)
     clocks_after: dict = field(default_factory=dict)
@@ -124,7 +126,7 @@ class BenchRun:
 
 
 def bench_references(case: Case, *, reps: int, warmup: int, timeout: float, modes=(DEFAULT_MODE,), on_event=None,
-                     passes: str = "fwd") -> tuple[dict[str, list[BenchRow]], dict]:  # fmt: skip
+                     passes: str = DEFAULT_PASS) -> tuple[dict[str, list[BenchRow]], dict]:  # fmt: skip
     """The reference rows of every mode ({mode: rows}) and the run's environment, from one worker."""
     request = WorkRequest("references", case=case.as_dict(), reps=reps, warmup=warmup, modes=list(modes), passes=passes)
     worker = run_worker(request, run_timeout=timeout, on_event=on_event)
@@ -151,7 +153,7 @@ def bench_variant(
     modes=(DEFAULT_MODE,),
     on_event=None,
     defines: dict[str, str] | None = None,
-    passes: str = "fwd",
+    passes: str = DEFAULT_PASS,
     pair: str = "",
 ) -> dict[str, BenchRow]:
     """The variant's row in every mode ({mode: row}); one worker builds, checks and times it in each. pair: a

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.core.events import Event
+from flashcore_cli.core.passes import DEFAULT_PASS
 from flashcore_cli.core.statuses import CRASH
 from flashcore_cli.measure.modes import DEFAULT_MODE
 
@@ -32,7 +33,7 @@ class PointJob:
     warmup: int
     timeout: float
     mode: str = DEFAULT_MODE
-    passes: str = "fwd"  # what a timed call does (bench --pass)
+    passes: str = DEFAULT_PASS  # what a timed call does (bench --pass)
 
 
 def parse_seq_lens(text: str) -> list[int]:
@@ -102,7 +103,7 @@ def plan_points(template: PointJob, variants: list[str], shapes, causal: bool, s
 
     jobs = []
     for i, shape in enumerate(shapes):
-        case = Case(shape, causal, seed + i, dtype=dtype, grads=template.passes != "fwd").as_dict()
+        case = Case(shape, causal, seed + i, dtype=dtype, grads=template.passes != DEFAULT_PASS).as_dict()
         for name in [None, *variants]:
             jobs.append(dataclasses.replace(template, variant=name, case=case))
     return jobs

@@ -33,16 +33,14 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from flashcore_cli.core.dtypes import DEFAULT_DTYPE, DTYPES
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.passes import DEFAULT_PASS, PASSES  # each pass of a case is a section of its own
 from flashcore_cli.core.statuses import OK
 from flashcore_cli.measure.modes import OLD_RECORD_MODE
 from flashcore_cli.measure.timing import DEFAULT_THRESHOLD, Verdict, timing_verdict
 
 DEFAULT_MODE = OLD_RECORD_MODE  # records written before bench had modes were all cold-L2 timings
-DEFAULT_DTYPE = "fp16"  # records written before bf16 were fp16
-DEFAULT_PASS = "fwd"  # records written before bench --pass timed the forward
-DTYPES = ("fp16", "bf16")
-PASSES = ("fwd", "bwd", "fwd+bwd")  # registry.shapes.PASSES; each pass of a case is a section of its own
 BENCH_KIND = "flashcore-bench"
 TIMING_KEYS = ("median_us", "p10_us", "p90_us")
 RESULTS_KIND = "flashcore-results"

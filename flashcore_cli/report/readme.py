@@ -25,15 +25,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from flashcore_cli.core.dtypes import DEFAULT_DTYPE, DTYPES
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.passes import DEFAULT_PASS, PASSES
 from flashcore_cli.core.statuses import OK
 from flashcore_cli.report.compare import (  # the records' kinds and defaults, and reading a record's sections
     BENCH_KIND,
-    DEFAULT_DTYPE,
     DEFAULT_MODE,
-    DEFAULT_PASS,
-    DTYPES,
-    PASSES,
     RESULTS_KIND,
     Section,
     read_json_record,
