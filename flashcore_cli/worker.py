@@ -19,6 +19,7 @@ import os
 import sys
 import traceback
 
+from flashcore_cli.core.errors import EXIT_INTERNAL_ERROR
 from flashcore_cli.core.events import Event
 from flashcore_cli.core.protocol import WorkRequest, crash_fields
 from flashcore_cli.core.statuses import OK
@@ -184,7 +185,7 @@ def main(argv: list[str]) -> int:
     except Exception as exc:
         traceback.print_exc()
         _crash(events, exc, request.task)
-        return 3
+        return EXIT_INTERNAL_ERROR
     events.emit(Event.DONE)
     if request.task == "build":
         _leave_now(events)

@@ -12,6 +12,7 @@ from rich.table import Table
 from flashcore_cli.builder.toolchain import require_cuda_torch
 from flashcore_cli.commands.options import All, Arch, Names
 from flashcore_cli.core.console import console, progress, styled
+from flashcore_cli.core.errors import EXIT_CHECK_FAILED, EXIT_OK
 from flashcore_cli.core.events import Event
 from flashcore_cli.core.statuses import BUILD_FAIL, OK
 from flashcore_cli.registry.archs import parse_arch, parse_archs
@@ -86,7 +87,7 @@ def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
             detail = classify(outcome, answered=False, wording=LAST_WORDS).detail  # its answer is the build
             table.add_row(v.name, styled(BUILD_FAIL), "", "", escape(detail))
     console.print(table)
-    return 1 if failed else 0
+    return EXIT_CHECK_FAILED if failed else EXIT_OK
 
 
 def _build_word(outcome) -> str:

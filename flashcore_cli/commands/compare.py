@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from flashcore_cli.core.console import console, err_console
-from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.errors import EXIT_CHECK_FAILED, FlashcoreError
 
 def compare(
     a: Annotated[str, typer.Argument(help="the earlier run's record (bench or sweep JSON)", show_default=False)],
@@ -62,7 +62,7 @@ def run_compare(path_a: str, path_b: str, threshold: float, mode: str | None = N
     )
     if regressions:
         console.print(f"[bold red]{regressions} regression(s)[/]")
-        return 1
+        return EXIT_CHECK_FAILED
     console.print("[green]no regression[/]")
     return 0
 

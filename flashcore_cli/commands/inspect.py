@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from flashcore_cli.core.console import console, err_console, short_kernel
-from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.errors import EXIT_CHECK_FAILED, EXIT_OK, FlashcoreError
 from flashcore_cli.commands.options import Arch, Causal, Name
 from flashcore_cli.core.statuses import CRASH, TIMEOUT
 
@@ -87,7 +87,7 @@ def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, ca
         text = log.read_text(errors="replace") if log.is_file() else ""
     title = f"compute-sanitizer {tool}: {variant.name} on {case.label()} ({arch})"
     if not text.strip():
-        raise FlashcoreError(f"{title}: compute-sanitizer wrote no log (worker {outcome.status}):\n{outcome.log_tail}", exit_code=1)
+        raise FlashcoreError(f"{title}: compute-sanitizer wrote no log (worker {outcome.status}):\n{outcome.log_tail}", exit_code=EXIT_CHECK_FAILED)
     report = parse_sanitizer(text, tool)
     worker = {"status": outcome.status, "returncode": outcome.returncode, "crash": outcome.crash_errors}
     record = {"kind": "flashcore-sanitize", "variant": variant.name, "case": case.as_dict(), "arch": arch, "worker": worker, **report.as_dict()}
@@ -98,7 +98,7 @@ def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, ca
     crashed = classify(outcome).status in (TIMEOUT, CRASH)  # the sanitized run itself failed
     _print_verdict(report, crashed, worker, f"{tool}, {variant.name}, {case.label()}")
     _print(f"full log: {saved.with_suffix('.log')}; record: {saved}")
-    return 1 if report.errors or crashed else 0
+    return EXIT_CHECK_FAILED if report.errors or crashed else EXIT_OK
 
 
 def render_sanitize(report, title: str, show: int) -> None:
@@ -158,7 +158,7 @@ def run_profile(registry_path, name: str, shape_text: str | None, causal: bool, 
     with console.status(f"building {variant.name} for {arch}; reading its kernel names (ptxas)"):
         probe = compile_probe(variant, arch)
         if probe.error:
-            raise FlashcoreError(f"{variant.name}: the compile failed, nothing to profile:\n{probe.error}", exit_code=1)
+            raise FlashcoreError(f"{variant.name}: the compile failed, nothing to profile:\n{probe.error}", exit_code=EXIT_CHECK_FAILED)
         build_first(reg, variant, arch, "profile")
     regex = kernel_regex([function_name(k.kernel) for k in probe.kernels])
 
@@ -236,7 +236,7 @@ def run_sass(registry_path, name: str, arch_text: str | None, out: str | None) -
     with console.status(f"nvcc -cubin {variant.name} for {arch}, cuobjdump -sass"):
         text, kernels = variant_sass(variant, arch)
     if not kernels:
-        raise FlashcoreError(f"{variant.name}: cuobjdump found no kernels in the cubin", exit_code=1)
+        raise FlashcoreError(f"{variant.name}: cuobjdump found no kernels in the cubin", exit_code=EXIT_CHECK_FAILED)
     table = Table(title=f"SASS instruction mix: {variant.name} for {arch} (static counts, per kernel)")
     table.add_column("kernel")
     table.add_column("instrs", justify="right")

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from flashcore_cli.commands.options import All, JsonOut, Names
 from flashcore_cli.core.console import console, err_console, progress, short_kernel
+from flashcore_cli.core.errors import EXIT_CHECK_FAILED
 from flashcore_cli.registry.archs import parse_archs
 from flashcore_cli.registry.variants import load_registry
 
@@ -76,10 +77,10 @@ def cmd_ptxas(registry_path, names, all_, arch_text, json_path, fail_on_spill) -
         console.print(f"wrote {json_path}")
     if errors:
         err_console.print(f"[red]{errors} compile(s) failed[/]")
-        return 1
+        return EXIT_CHECK_FAILED
     if fail_on_spill and spills:
         err_console.print(f"[red]{spills} kernel(s) spill registers[/]")
-        return 1
+        return EXIT_CHECK_FAILED
     return 0
 
 

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from flashcore_cli.commands.options import All, Arch, JsonOut, Names, Seed, check_timeout, usable_paths
 from flashcore_cli.core.console import console, progress, require_gpu, styled
+from flashcore_cli.core.errors import EXIT_CHECK_FAILED, EXIT_OK
 from flashcore_cli.core.events import Event
 from flashcore_cli.core.statuses import BUILD_FAIL, CRASH, MISMATCH, NOT_RUN, OK, SKIP, TIMEOUT
 from flashcore_cli.registry.archs import parse_arch, parse_archs
@@ -70,7 +71,7 @@ def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, 
     if json_path:
         write_json(json_path, {"kind": "flashcore-test", "seed": seed, "arch": arch, "variants": [o.as_dict() for o in outcomes]})
         console.print(f"wrote {json_path}")
-    return 1 if any(o.failed for o in outcomes) else 0
+    return EXIT_CHECK_FAILED if any(o.failed for o in outcomes) else EXIT_OK
 
 
 def _render_test(outcomes) -> None:

@@ -11,7 +11,7 @@ from rich.table import Table
 from flashcore_cli.commands.options import (DEFAULT_REPS, DEFAULT_WARMUP, Arch, Causal, Mode, Name, Reps, Warmup,
                                             check_counts)
 from flashcore_cli.core.console import console, progress, styled
-from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.errors import EXIT_CHECK_FAILED, EXIT_OK, FlashcoreError
 from flashcore_cli.core.statuses import OK
 from flashcore_cli.measure.modes import DEFAULT_MODE
 
@@ -71,7 +71,7 @@ def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup
         render_ranking(candidates, variant.name, f"{shape}{' causal' if causal else ''}", None, mode)
         if not runnable:
             console.print("[bold red]no combination is left to run[/]")
-        return 0 if dry_run else 1
+        return EXIT_OK if dry_run else EXIT_CHECK_FAILED
 
     seed = new_seed()
     case = Case(shape, causal, seed)
@@ -100,7 +100,7 @@ def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup
         console.print("trials ran on several GPUs of the host: chip-to-chip differences are part of the comparison")
     if not winners:
         console.print("[bold red]no combination passed its checks: nothing stored[/]")
-        return 1
+        return EXIT_CHECK_FAILED
     for gpu, c in winners.items():
         path = store_tuned(variant.name, gpu, {k: str(v) for k, v in c.defines.items()},
                            {"median_us": c.median, "mode": mode, "case": case.as_dict(), "key": c.key, "record": str(saved)})  # fmt: skip

@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.errors import EXIT_CHECK_FAILED, FlashcoreError
 
 DURATION = "gpu__time_duration.sum"
 SM_THROUGHPUT = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
@@ -175,7 +175,7 @@ def read_report(ncu: Path, report: Path) -> list[ProfiledKernel]:
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     if proc.returncode != 0:
-        raise FlashcoreError(f"ncu could not read back {report}: {(proc.stderr or proc.stdout).strip()[:1000]}", exit_code=1)
+        raise FlashcoreError(f"ncu could not read back {report}: {(proc.stderr or proc.stdout).strip()[:1000]}", exit_code=EXIT_CHECK_FAILED)
     return parse_ncu_details(proc.stdout)
 
 
@@ -197,10 +197,10 @@ def collect(ncu: Path, regex: str, launch, workdir: Path) -> tuple[Path, list[Pr
     report = export.with_suffix(".ncu-rep")
     if not report.is_file():
         why = "\n".join(line for line in ncu_log.splitlines() if line.startswith(("==ERROR==", "==WARNING=="))) or outcome.log_tail
-        raise FlashcoreError(f"{ncu_problem(ncu_log) or 'ncu wrote no report'} (worker {outcome.status}):\n{why}", exit_code=1)
+        raise FlashcoreError(f"{ncu_problem(ncu_log) or 'ncu wrote no report'} (worker {outcome.status}):\n{why}", exit_code=EXIT_CHECK_FAILED)
     kernels = read_report(ncu, report)
     if not kernels:
-        raise FlashcoreError(f"ncu profiled no kernel matching {regex}: did the run fail?\n{ncu_problem(ncu_log) or outcome.log_tail}", exit_code=1)
+        raise FlashcoreError(f"ncu profiled no kernel matching {regex}: did the run fail?\n{ncu_problem(ncu_log) or outcome.log_tail}", exit_code=EXIT_CHECK_FAILED)
     return report, kernels, dropped
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flashcore_cli.builder.cudatools import env_with_nvdisasm, require
-from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.errors import EXIT_CHECK_FAILED, FlashcoreError
 from flashcore_cli.builder.ptxas import TRIVIAL_INSTRUCTIONS, first_errors
 from flashcore_cli.core.isolate import run_tool
 from flashcore_cli.registry.variants import Variant
@@ -108,7 +108,7 @@ def compile_cubin(variant: Variant, source: Path, arch: str, out: Path) -> None:
     ]  # fmt: skip
     proc = run_tool(cmd)
     if proc.returncode != 0:
-        raise FlashcoreError(f"{variant.name}: nvcc -cubin failed for {source.name}:\n{first_errors(proc.stdout + proc.stderr)}", exit_code=1)
+        raise FlashcoreError(f"{variant.name}: nvcc -cubin failed for {source.name}:\n{first_errors(proc.stdout + proc.stderr)}", exit_code=EXIT_CHECK_FAILED)
 
 
 def disassemble(cuobjdump: Path, cubin: Path) -> str:
@@ -117,7 +117,7 @@ def disassemble(cuobjdump: Path, cubin: Path) -> str:
         message = (proc.stderr or proc.stdout).strip()
         if "nvdisasm" in message:
             raise FlashcoreError(f"{cuobjdump} needs nvdisasm, which was not found: `pip install nvidia-cuda-nvdisasm` ({message})")
-        raise FlashcoreError(f"cuobjdump -sass failed on {cubin.name}: {message}", exit_code=1)
+        raise FlashcoreError(f"cuobjdump -sass failed on {cubin.name}: {message}", exit_code=EXIT_CHECK_FAILED)
     return proc.stdout
 
 
