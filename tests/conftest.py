@@ -54,7 +54,7 @@ def fake_bench_workers(monkeypatch, tmp_path):
             monkeypatch.setattr(bench, "bench_references", references)
         if variant is not None:
             monkeypatch.setattr(bench, "bench_variant", variant)
-        monkeypatch.setattr("flashcore_cli.commands.bench.require_gpu", lambda command: None)
+        monkeypatch.setattr("flashcore_cli.core.gpu.require_gpu", lambda command: None)
         monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path / "results"))
 
     return install

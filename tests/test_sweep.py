@@ -145,7 +145,7 @@ def test_the_command_end_to_end_with_fake_timings(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "bench_variant", fake_variant)
     monkeypatch.setattr(gpus, "map_on_gpus", in_process)
     monkeypatch.setattr(gpus, "visible_gpus", lambda: ["0", "1"])
-    monkeypatch.setattr("flashcore_cli.core.console.require_gpu", lambda command: None)
+    monkeypatch.setattr("flashcore_cli.core.gpu.require_gpu", lambda command: None)
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path))
     plot = ["--plot", str(tmp_path / "s.png")] if __import__("importlib").util.find_spec("matplotlib") else []
     result = runner.invoke(app, ["sweep", "baseline", "--seq", "1024,512", "--causal", "--mode", "graph", *plot])

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from flashcore_cli.commands.options import (DEFAULT_REPS, DEFAULT_WARMUP, All, Arch, Causal, Dtype, JsonOut, Names, Pass,
                                             Reps, Seed, Warmup, check_counts, usable_paths)
-from flashcore_cli.core.console import console, dtype_label, progress, require_gpu, styled, timing_note
+from flashcore_cli.core.console import console, dtype_label, progress, styled, timing_note
 from flashcore_cli.core.dtypes import DEFAULT_DTYPE
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.core.passes import DEFAULT_PASS
@@ -47,6 +47,7 @@ def bench(
 
 def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json_path, timeout, seed, arch, mode=DEFAULT_MODE,
               dtype_text=DEFAULT_DTYPE, pass_text=DEFAULT_PASS, pair=None) -> int:  # fmt: skip
+    from flashcore_cli.core.gpu import require_gpu
     from flashcore_cli.measure.bench import BenchRun, bench_references, bench_variant, finish
     from flashcore_cli.measure.references import REFERENCE_ROWS
     from flashcore_cli.check.correctness import new_seed, write_json

@@ -57,7 +57,7 @@ def sass(
 
 
 def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, causal: bool, timeout: float, show: int, arch_text) -> int:
-    from flashcore_cli.core.console import require_gpu
+    from flashcore_cli.core.gpu import require_gpu
     from flashcore_cli.core.protocol import classify
     from flashcore_cli.inspect.launch import build_first, launch_under
     from flashcore_cli.inspect.sanitize import DEFAULT_SEQ_LEN, TOOLS, parse_sanitizer, sanitizer_command
@@ -133,13 +133,13 @@ def _print(text: str) -> None:
 
 def run_profile(registry_path, name: str, shape_text: str | None, causal: bool, timeout: float, arch_text) -> int:
     from flashcore_cli.builder.cudatools import require
-    from flashcore_cli.core.console import require_gpu
+    from flashcore_cli.core.gpu import require_gpu
     from flashcore_cli.inspect.profile import collect, function_name, kernel_regex
     from flashcore_cli.registry.archs import parse_arch, parse_archs
     from flashcore_cli.inspect.launch import build_first, launch_under
     from flashcore_cli.builder.ptxas import compile_probe
     from flashcore_cli.core.records import save_record
-    from flashcore_cli.core.records import nvidia_smi
+    from flashcore_cli.core.gpu import first_gpu
     from flashcore_cli.registry.variants import load_registry
     from flashcore_cli.registry.shapes import MISSION_SHAPE, Case, parse_shape
 
@@ -167,7 +167,7 @@ def run_profile(registry_path, name: str, shape_text: str | None, causal: bool, 
             report, kernels, dropped = collect(
                 ncu, regex, lambda prefix: launch_under(prefix, reg, variant, arch, case, timeout=timeout), Path(tmp)
             )
-        gpu = nvidia_smi("name,driver_version")
+        gpu = first_gpu("name,driver_version")
         record = {
             "kind": "flashcore-profile",
             "variant": variant.name,

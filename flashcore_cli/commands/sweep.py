@@ -44,11 +44,11 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
               mode_text=DEFAULT_MODE, dtype_text=DEFAULT_DTYPE, pass_text=DEFAULT_PASS) -> int:  # fmt: skip
     """Parse and check the options, plan the points, measure them over the GPUs, then record, show and chart."""
     from flashcore_cli.check.correctness import new_seed
-    from flashcore_cli.core.console import require_gpu
+    from flashcore_cli.core.gpu import require_gpu
     from flashcore_cli.measure.sweep import DEFAULT_SEQ_LENS, PointJob, parse_seq_lens, plan_points, require_matplotlib, sweep_rows
     from flashcore_cli.registry.archs import parse_arch, parse_archs
     from flashcore_cli.measure.gpus import visible_gpus
-    from flashcore_cli.core.records import clocks
+    from flashcore_cli.core.gpu import clocks
     from flashcore_cli.registry.variants import load_registry
     from flashcore_cli.registry.shapes import parse_dtype, parse_pass, parse_shape
     from flashcore_cli.measure.modes import MODES, parse_modes

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from flashcore_cli.commands.options import All, Arch, JsonOut, Names, Seed, check_timeout, usable_paths
-from flashcore_cli.core.console import console, progress, require_gpu, styled
+from flashcore_cli.core.console import console, progress, styled
 from flashcore_cli.core.errors import EXIT_CHECK_FAILED, EXIT_OK
 from flashcore_cli.core.events import Event
 from flashcore_cli.core.statuses import BUILD_FAIL, CRASH, MISMATCH, NOT_RUN, OK, SKIP, TIMEOUT
@@ -36,6 +36,7 @@ def test(
 
 def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, arch) -> int:
     from flashcore_cli.check.correctness import new_seed, plan_cases, run_variant, write_json
+    from flashcore_cli.core.gpu import require_gpu
     from flashcore_cli.registry.shapes import parse_shapes
 
     reg = load_registry(registry_path)

@@ -36,13 +36,13 @@ def tune(
 
 def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup, timeout, arch_text, dry_run, mode_text=DEFAULT_MODE) -> int:
     from flashcore_cli.check.correctness import new_seed
-    from flashcore_cli.core.console import require_gpu
+    from flashcore_cli.core.gpu import require_gpu
     from flashcore_cli.measure.tune import TrialJob, best_per_gpu, check_cases, grid, parse_params, probe_limits
     from flashcore_cli.registry.archs import parse_arch, parse_archs
     from flashcore_cli.core.records import save_record
     from flashcore_cli.registry.variants import load_registry
     from flashcore_cli.registry.shapes import MISSION_SHAPE, Case, parse_shape
-    from flashcore_cli.core.records import clocks
+    from flashcore_cli.core.gpu import clocks
     from flashcore_cli.measure.modes import parse_modes
     from flashcore_cli.builder.tuned import store_tuned
 

@@ -98,7 +98,7 @@ def _resources_line(resources: list) -> str:
 def run_watch(registry_path, name: str, shape_values: list[str] | None, causal: bool, bench: bool, dtype_text: str,
               arch_text: str | None, interval: float, timeout: float, reps: int) -> int:  # fmt: skip
     from flashcore_cli.check.correctness import new_seed
-    from flashcore_cli.core.console import require_gpu
+    from flashcore_cli.core.gpu import require_gpu
     from flashcore_cli.loop.watch import BENCH_MODE, Watcher, worker_steps
     from flashcore_cli.registry.archs import parse_arch, parse_archs
     from flashcore_cli.registry.shapes import MISSION_SHAPE, parse_dtype, parse_shapes

@@ -9,7 +9,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from flashcore_cli.core.dtypes import DEFAULT_DTYPE
-from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.core.statuses import BUILD_FAIL, CRASH, MISMATCH, NOT_RUN, OK, SKIP, TIMEOUT
 
 # Tables are wide: give pipes and CI logs room instead of folding every cell.
@@ -25,17 +24,6 @@ STATUS_STYLE = {
     CRASH: "bold red",
     BUILD_FAIL: "bold yellow",
 }
-
-
-def require_gpu(command: str) -> None:
-    """Refuses a command that runs kernels where no GPU is visible; asks no torch (each worker imports it)."""
-    from flashcore_cli.core.records import gpu_visible
-
-    if not gpu_visible():
-        raise FlashcoreError(
-            f"`flashcore {command}` runs kernels and needs a CUDA GPU; none is visible here "
-            "(`flashcore ptxas` and `flashcore list` work without one)"
-        )
 
 
 def styled(status: str) -> str:

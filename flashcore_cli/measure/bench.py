@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from flashcore_cli.check.correctness import CaseOutcome
 from flashcore_cli.core.dtypes import DEFAULT_DTYPE
 from flashcore_cli.core.events import Event
+from flashcore_cli.core.gpu import clocks
 from flashcore_cli.core.isolate import run_worker
 from flashcore_cli.core.passes import DEFAULT_PASS
 from flashcore_cli.core.protocol import LAST_WORDS, WorkerOutcome, WorkRequest, classify, in_mode, timing_fields
-from flashcore_cli.core.records import clocks
 from flashcore_cli.core.statuses import BUILD_FAIL, OK, SKIP
 from flashcore_cli.measure.modes import DEFAULT_MODE
 from flashcore_cli.measure.references import SDPA_DEFAULT
