@@ -15,7 +15,7 @@ from flashcore_cli.core.dtypes import DEFAULT_DTYPE
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.core.passes import DEFAULT_PASS
 from flashcore_cli.measure.modes import DEFAULT_MODE, mode_help
-from flashcore_cli.registry.archs import parse_arch, parse_archs
+from flashcore_cli.registry.archs import target_arch
 from flashcore_cli.registry.variants import load_registry
 
 
@@ -67,7 +67,7 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
         raise FlashcoreError(f"--pair: paired samples are taken in cold mode only (not --mode {','.join(modes)})")
     usable_paths(json_path, results=True)
     require_gpu("bench")
-    arch = parse_arch(arch) if arch else parse_archs(None)[0]
+    arch = target_arch(arch)
     seed = seed if seed is not None else new_seed()
     case = Case(shape, causal, seed, dtype=dtype, grads=passes != DEFAULT_PASS)
     run = BenchRun(shape, causal, seed, modes, dtype=dtype, passes=passes)

@@ -15,7 +15,7 @@ from flashcore_cli.core.console import console, progress, styled
 from flashcore_cli.core.errors import EXIT_CHECK_FAILED, EXIT_OK
 from flashcore_cli.core.events import Event
 from flashcore_cli.core.statuses import BUILD_FAIL, OK
-from flashcore_cli.registry.archs import parse_arch, parse_archs
+from flashcore_cli.registry.archs import target_arch
 from flashcore_cli.registry.variants import load_registry
 
 
@@ -46,7 +46,7 @@ def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
 
     reg = load_registry(registry_path)
     variants = reg.select(names, all_)
-    arch = parse_arch(arch) if arch else parse_archs(None)[0]
+    arch = target_arch(arch)
     usable_cache()
     require_cuda_torch()
     results = {}

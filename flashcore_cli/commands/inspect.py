@@ -61,7 +61,7 @@ def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, ca
     from flashcore_cli.core.protocol import classify
     from flashcore_cli.inspect.launch import build_first, launch_under
     from flashcore_cli.inspect.sanitize import DEFAULT_SEQ_LEN, TOOLS, parse_sanitizer, sanitizer_command
-    from flashcore_cli.registry.archs import parse_arch, parse_archs
+    from flashcore_cli.registry.archs import target_arch
     from flashcore_cli.core.records import save_record
     from flashcore_cli.registry.variants import load_registry
     from flashcore_cli.registry.shapes import Case, parse_shape
@@ -81,7 +81,7 @@ def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, ca
         log = Path(tmp) / "sanitizer.log"
         prefix = sanitizer_command(tool, log)
         require_gpu("sanitize")
-        arch = parse_arch(arch_text) if arch_text else parse_archs(None)[0]
+        arch = target_arch(arch_text)
         build_first(reg, variant, arch, "sanitize")
         outcome = launch_under(prefix, reg, variant, arch, case, timeout=timeout, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
         text = log.read_text(errors="replace") if log.is_file() else ""
@@ -135,7 +135,7 @@ def run_profile(registry_path, name: str, shape_text: str | None, causal: bool, 
     from flashcore_cli.builder.cudatools import require
     from flashcore_cli.core.gpu import require_gpu
     from flashcore_cli.inspect.profile import collect, function_name, kernel_regex
-    from flashcore_cli.registry.archs import parse_arch, parse_archs
+    from flashcore_cli.registry.archs import target_arch
     from flashcore_cli.inspect.launch import build_first, launch_under
     from flashcore_cli.builder.ptxas import compile_probe
     from flashcore_cli.core.records import save_record
@@ -153,7 +153,7 @@ def run_profile(registry_path, name: str, shape_text: str | None, causal: bool, 
         raise FlashcoreError(reason)
     ncu = require("ncu", "`flashcore profile`")
     require_gpu("profile")
-    arch = parse_arch(arch_text) if arch_text else parse_archs(None)[0]
+    arch = target_arch(arch_text)
     case = Case(shape, causal, seed=1)
     with console.status(f"building {variant.name} for {arch}; reading its kernel names (ptxas)"):
         probe = compile_probe(variant, arch)
@@ -225,12 +225,12 @@ def _conflicts(s: dict) -> str:
 def run_sass(registry_path, name: str, arch_text: str | None, out: str | None) -> int:
     from flashcore_cli.builder.ptxas import empty_body_warnings
     from flashcore_cli.inspect.sass import MIX_COLUMNS, WIDTH_COLUMNS, variant_sass
-    from flashcore_cli.registry.archs import parse_arch, parse_archs
+    from flashcore_cli.registry.archs import target_arch
     from flashcore_cli.core.records import output_file, write_output
     from flashcore_cli.registry.variants import load_registry
 
     variant = load_registry(registry_path).get(name)
-    arch = variant.build_target(parse_arch(arch_text) if arch_text else parse_archs(None)[0])
+    arch = variant.build_target(target_arch(arch_text))
     if out:
         output_file(out, "--out")  # a folder or an unwritable path: refused before the compile
     with console.status(f"nvcc -cubin {variant.name} for {arch}, cuobjdump -sass"):

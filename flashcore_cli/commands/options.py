@@ -24,6 +24,8 @@ Name = Annotated[str, typer.Argument(help="variant name or alias (see `flashcore
 All = Annotated[bool, typer.Option("--all", help="every registered variant")]
 JsonOut = Annotated[Optional[str], typer.Option("--json", help="write the full record to this JSON file")]
 Arch = Annotated[Optional[str], typer.Option("--arch", help="target arch, e.g. sm_90 (default: the GPU present, else sm_90)")]
+Archs = Annotated[Optional[str], typer.Option("--arch", help="comma-separated archs, e.g. sm_89,sm_90 (default: the GPU "
+                                              "present, else sm_90)")]  # fmt: skip
 Seed = Annotated[Optional[int], typer.Option("--seed", help="base seed for the random inputs (default: a fresh one, printed)")]
 Causal = Annotated[bool, typer.Option("--causal", help="causal masking, bottom-right (query i sees keys j <= i + Sk - Sq)")]
 Mode = Annotated[str, typer.Option("--mode", help=mode_help())]  # a str: parse_modes checks it against modes.py's MODES

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from flashcore_cli.commands.options import All, JsonOut, Names
+from flashcore_cli.commands.options import All, Archs, JsonOut, Names
 from flashcore_cli.core.console import console, err_console, progress, short_kernel
 from flashcore_cli.core.errors import EXIT_CHECK_FAILED
 from flashcore_cli.registry.archs import parse_archs
@@ -20,7 +20,7 @@ def ptxas(
     names: Names = None,
     *,
     all_: All = False,
-    arch: Annotated[Optional[str], typer.Option("--arch", help="comma-separated archs, e.g. sm_89,sm_90")] = None,
+    arch: Archs = None,
     json_path: JsonOut = None,
     fail_on_spill: Annotated[bool, typer.Option("--fail-on-spill", help="exit 1 if any kernel spills registers")] = False,
 ) -> int:

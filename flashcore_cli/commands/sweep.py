@@ -46,7 +46,7 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
     from flashcore_cli.check.correctness import new_seed
     from flashcore_cli.core.gpu import require_gpu
     from flashcore_cli.measure.sweep import DEFAULT_SEQ_LENS, PointJob, parse_seq_lens, plan_points, require_matplotlib, sweep_rows
-    from flashcore_cli.registry.archs import parse_arch, parse_archs
+    from flashcore_cli.registry.archs import target_arch
     from flashcore_cli.measure.gpus import visible_gpus
     from flashcore_cli.core.gpu import clocks
     from flashcore_cli.registry.variants import load_registry
@@ -65,7 +65,7 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
         require_matplotlib()
     require_gpu("sweep")
     gpus = visible_gpus() or ["0"]
-    arch = parse_arch(arch_text) if arch_text else parse_archs(None)[0]
+    arch = target_arch(arch_text)
     seed = new_seed()
     template = PointJob(str(reg.path), None, {}, arch, reps, warmup, timeout, mode, passes)
     jobs = plan_points(template, [v.name for v in variants], shapes, causal, seed, dtype)

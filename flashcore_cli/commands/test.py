@@ -12,7 +12,7 @@ from flashcore_cli.core.console import console, progress, styled
 from flashcore_cli.core.errors import EXIT_CHECK_FAILED, EXIT_OK
 from flashcore_cli.core.events import Event
 from flashcore_cli.core.statuses import BUILD_FAIL, CRASH, MISMATCH, NOT_RUN, OK, SKIP, TIMEOUT
-from flashcore_cli.registry.archs import parse_arch, parse_archs
+from flashcore_cli.registry.archs import target_arch
 from flashcore_cli.registry.variants import load_registry
 
 
@@ -45,7 +45,7 @@ def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, 
     check_timeout(timeout)
     usable_paths(json_path)
     require_gpu("test")
-    arch = parse_arch(arch) if arch else parse_archs(None)[0]
+    arch = target_arch(arch)
     seed = seed if seed is not None else new_seed()
     console.print(f"seed {seed} (case i uses seed {seed}+i); timeout {timeout:.0f} s per variant after its build; arch {arch}")
     outcomes = []

@@ -38,7 +38,7 @@ def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup
     from flashcore_cli.check.correctness import new_seed
     from flashcore_cli.core.gpu import require_gpu
     from flashcore_cli.measure.tune import TrialJob, best_per_gpu, check_cases, grid, parse_params, probe_limits
-    from flashcore_cli.registry.archs import parse_arch, parse_archs
+    from flashcore_cli.registry.archs import target_arch
     from flashcore_cli.core.records import save_record
     from flashcore_cli.registry.variants import load_registry
     from flashcore_cli.registry.shapes import MISSION_SHAPE, Case, parse_shape
@@ -56,7 +56,7 @@ def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup
     if reason:
         raise FlashcoreError(reason)
     check_counts(reps, warmup, timeout)
-    arch = parse_arch(arch_text) if arch_text else parse_archs(None)[0]
+    arch = target_arch(arch_text)
     sizes = " x ".join(f"{k} ({len(v)})" for k, v in params.items())
     rejected = sum(bool(c.skipped) for c in candidates)
     console.print(f"tune {variant.name}: {sizes} = {len(candidates)} combination(s), {rejected} rejected by the constraints")

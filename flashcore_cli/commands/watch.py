@@ -100,7 +100,7 @@ def run_watch(registry_path, name: str, shape_values: list[str] | None, causal: 
     from flashcore_cli.check.correctness import new_seed
     from flashcore_cli.core.gpu import require_gpu
     from flashcore_cli.loop.watch import BENCH_MODE, Watcher, worker_steps
-    from flashcore_cli.registry.archs import parse_arch, parse_archs
+    from flashcore_cli.registry.archs import target_arch
     from flashcore_cli.registry.shapes import MISSION_SHAPE, parse_dtype, parse_shapes
     from flashcore_cli.registry.variants import load_registry
 
@@ -113,7 +113,7 @@ def run_watch(registry_path, name: str, shape_values: list[str] | None, causal: 
         check_reps(reps)
     variant_name = load_registry(registry_path).get(name).name  # an unknown name fails here, before anything runs
     require_gpu("watch")
-    arch = parse_arch(arch_text) if arch_text else parse_archs(None)[0]
+    arch = target_arch(arch_text)
     seed = new_seed()
     steps = worker_steps(registry_path, variant_name, shapes, causal=causal, dtype=dtype, arch=arch, timeout=timeout,
                          seed=seed, bench=bench, reps=reps)  # fmt: skip

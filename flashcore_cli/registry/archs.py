@@ -66,6 +66,11 @@ def parse_archs(text: str | None) -> list[str]:
     return list(dict.fromkeys(archs))
 
 
+def target_arch(text: str | None) -> str:
+    """--arch of a command that targets one arch: the arch given, else the GPU's (default_arch)."""
+    return parse_arch(text) if text else default_arch()
+
+
 def default_arch() -> str:
     """The arch of GPU 0 when there is one (core/gpu.py: no torch, no CUDA context), else sm_90."""
     try:
