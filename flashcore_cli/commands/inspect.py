@@ -13,7 +13,7 @@ from rich.table import Table
 
 from flashcore_cli.core.console import console, err_console, short_kernel
 from flashcore_cli.core.errors import EXIT_CHECK_FAILED, EXIT_OK, FlashcoreError
-from flashcore_cli.commands.options import Arch, Causal, Name
+from flashcore_cli.commands.options import Arch, Causal, Name, check_timeout
 from flashcore_cli.core.statuses import CRASH, TIMEOUT
 
 
@@ -68,8 +68,7 @@ def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, ca
 
     if tool not in TOOLS:
         raise FlashcoreError(f"unknown sanitizer tool '{tool}' (one of: {', '.join(TOOLS)})")
-    if timeout <= 0:
-        raise FlashcoreError("--timeout must be positive (seconds)")
+    check_timeout(timeout)
     reg = load_registry(registry_path)
     variant = reg.get(name)
     shape = parse_shape(shape_text or f"1,2,{DEFAULT_SEQ_LEN},{variant.head_dims[0]}")
@@ -143,8 +142,7 @@ def run_profile(registry_path, name: str, shape_text: str | None, causal: bool, 
     from flashcore_cli.registry.variants import load_registry
     from flashcore_cli.registry.shapes import MISSION_SHAPE, Case, parse_shape
 
-    if timeout <= 0:
-        raise FlashcoreError("--timeout must be positive (seconds)")
+    check_timeout(timeout)
     reg = load_registry(registry_path)
     variant = reg.get(name)
     shape = parse_shape(shape_text or MISSION_SHAPE)

@@ -38,8 +38,13 @@ Pass = Annotated[str, typer.Option("--pass", help="what a timed call does: fwd, 
 
 
 def check_timeout(timeout: float) -> None:
-    if not timeout > 0:  # nan too
-        raise FlashcoreError("--timeout must be positive (seconds)")
+    check_positive(timeout, "--timeout")
+
+
+def check_positive(seconds: float, option: str) -> None:
+    """A number of seconds must be above 0 (nan is not)."""
+    if not seconds > 0:
+        raise FlashcoreError(f"{option} must be positive (seconds)")
 
 
 def check_counts(reps: int, warmup: int, timeout: float) -> None:

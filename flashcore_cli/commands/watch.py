@@ -11,10 +11,10 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from flashcore_cli.commands.options import DEFAULT_REPS, Arch, Causal, Dtype, Name, Reps, check_reps, check_timeout
+from flashcore_cli.commands.options import DEFAULT_REPS, Arch, Causal, Dtype, Name, Reps, check_positive, check_reps, check_timeout
 from flashcore_cli.core.console import console, styled
 from flashcore_cli.core.dtypes import DEFAULT_DTYPE
-from flashcore_cli.core.errors import EXIT_INTERRUPTED, FlashcoreError
+from flashcore_cli.core.errors import EXIT_INTERRUPTED
 from flashcore_cli.core.statuses import BUILD_FAIL, SKIP
 
 
@@ -106,8 +106,7 @@ def run_watch(registry_path, name: str, shape_values: list[str] | None, causal: 
 
     shapes = parse_shapes(shape_values) or parse_shapes([MISSION_SHAPE])
     dtype = parse_dtype(dtype_text)
-    if interval <= 0:
-        raise FlashcoreError("--interval must be positive (seconds)")
+    check_positive(interval, "--interval")
     check_timeout(timeout)
     if bench:
         check_reps(reps)
