@@ -43,9 +43,6 @@ def progress(on: Console | None = None) -> Progress:
     )
 
 
-# ---------------------------------------------------------------- list
-
-
 def short_kernel(name: str) -> str:
     """'void v8_fwd<64>(FlashcoreParams)' -> 'v8_fwd<64>' (also with more parameters after the params struct)."""
     return re.sub(r"^void |\(FlashcoreParams(, [^()]*)?\)$", "", name)
