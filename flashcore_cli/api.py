@@ -38,6 +38,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from flashcore_cli.core.dtypes import TORCH_NAMES
 from flashcore_cli.core.errors import FlashcoreEnvironmentError, FlashcoreInputError, FlashcoreUnsupportedError
 from flashcore_cli.registry.variants import Variant, load_registry
 
@@ -45,7 +46,6 @@ NAMESPACE = "flashcore"
 SCHEMA = "(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, bool training=True) -> (Tensor, Tensor, Tensor)"
 BACKWARD_SCHEMA = ("(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float? scale, "
                    "Tensor? grad_lse, Tensor? out_residual) -> (Tensor, Tensor, Tensor)")  # fmt: skip
-TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}  # registry name -> torch.<name>
 
 
 @dataclass
@@ -213,7 +213,7 @@ def check_inputs(variant: Variant, q, k, v, causal: bool, out=None) -> None:
 def _torch_dtypes(names: tuple[str, ...]) -> tuple:
     import torch
 
-    return tuple(getattr(torch, TORCH_DTYPES[d]) for d in names)
+    return tuple(getattr(torch, TORCH_NAMES[d]) for d in names)
 
 
 class Attention:

@@ -9,17 +9,21 @@ check the bench shape, then time it), "references" (time PyTorch SDPA's backends
 check, then time). Timing tasks time in each mode of request.modes (measure/modes.py; none: the default mode)
 and emit one "timing" event per mode, or "timing-skipped" with the reason where the call cannot be timed in a
 mode. Progress goes to the events file as JSON lines; the last line of a clean run is {"event": "done"}.
+This module only dispatches: building and checking are the builder's and check's, timing is measure/timed.py's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 import traceback
 
-from flashcore_cli.core.protocol import WorkRequest
+from flashcore_cli.core.errors import EXIT_INTERNAL_ERROR
+from flashcore_cli.core.events import Event
+from flashcore_cli.core.protocol import WorkRequest, crash_fields
+from flashcore_cli.core.statuses import OK
+from flashcore_cli.measure.timed import time_references, time_variant
 from flashcore_cli.registry.shapes import Case
 
 
@@ -56,14 +60,14 @@ def _build_only(request: WorkRequest, events: Events):
     try:
         result = build_variant(variant, request.arch, force=request.force, extra_defines=defines or None)
     except BuildError as exc:
-        events.emit("build-failed", errors=exc.errors, log=str(exc.log))
+        events.emit(Event.BUILD_FAILED, errors=exc.errors, log=str(exc.log))
         return None
-    events.emit("built", **result.as_dict())
+    events.emit(Event.BUILT, **result.as_dict())
     return variant, result
 
 
 def _crash(events: Events, exc: BaseException, where: str) -> None:
-    events.emit("crash", where=where, error=f"{type(exc).__name__}: {exc}".strip()[:2000])
+    events.emit(Event.CRASH, **crash_fields(exc, where))
 
 
 def task_build(request: WorkRequest, events: Events) -> None:
@@ -74,98 +78,14 @@ def _check(attn, case: Case, events: Events):
     """Check one case and report it; None when it crashed (the crash is reported; the context is gone)."""
     from flashcore_cli.check.case import check_case
 
-    events.emit("case-start", case=case.as_dict())
+    events.emit(Event.CASE_START, case=case.as_dict())
     try:
         result = check_case(attn, case)
     except Exception as exc:  # a fault poisons the context: report it and stop this variant
         _crash(events, exc, case.label())
         return None
-    events.emit("case", **result.__dict__)
+    events.emit(Event.CASE, **result.__dict__)
     return result
-
-
-def _modes(request: WorkRequest) -> list[str]:
-    from flashcore_cli.measure.modes import DEFAULT_MODE
-
-    return list(request.modes or [DEFAULT_MODE])
-
-
-def variant_call(attn, case: Case, passes: str):
-    """The zero-argument call a timing of `passes` (fwd, bwd or fwd+bwd) repeats, on the case's inputs: the
-    forward into a preallocated output; the backward from a saved training forward (o, lse, out_residual) into
-    preallocated gradients; fwd+bwd, the training forward and the backward."""
-    import torch
-
-    from flashcore_cli.check.case import grad_output, make_inputs
-
-    q, k, v = make_inputs(case)
-    if passes == "fwd":
-        out = torch.empty_like(q)
-        return lambda: attn(q, k, v, causal=case.causal, out=out)
-    d_o = grad_output(case)
-    grads = [torch.empty_like(t) for t in (q, k, v)]
-    if passes == "bwd":
-        o, lse, residual = attn.forward_train(q, k, v, causal=case.causal)
-        return lambda: attn.backward(d_o, q, k, v, o, lse, causal=case.causal, out_residual=residual, into=grads)
-
-    def forward_backward():
-        o, lse, residual = attn.forward_train(q, k, v, causal=case.causal)
-        return attn.backward(d_o, q, k, v, o, lse, causal=case.causal, out_residual=residual, into=grads)
-
-    return forward_backward
-
-
-def _time(attn, case: Case, request: WorkRequest, events: Events) -> None:
-    """A "timing" event per mode (or "timing-skipped" with the reason); with request.pair, the reference row's
-    samples taken in turn with the variant's (modes.time_pair) and a "pair-timing" event beside each. A reference
-    that cannot run here ("pair-skipped" says why) leaves the variant timed alone."""
-    from flashcore_cli.measure.modes import time_callable, time_pair
-
-    call = variant_call(attn, case, request.passes)
-    alone = lambda mode: (time_callable(call, mode=mode, reps=request.reps, warmup=request.warmup), None)  # noqa: E731
-    if not request.pair:
-        _time_modes(attn, case, request, events, alone)
-        return
-    from flashcore_cli.check.case import make_inputs
-    from flashcore_cli.measure.references import reference_functions
-
-    q, k, v = make_inputs(case)
-    rows = {name: (fn, context, why) for name, fn, context, why in reference_functions(q, k, v, case.causal, request.passes)}
-    fn, context, why_not = rows.get(request.pair, (None, None, f"no reference row is named {request.pair!r}"))
-    # entered once, around everything (a backend pin is a one-shot context manager); the variant makes no SDPA call
-    with context or contextlib.nullcontext():
-        if fn is not None:
-            try:
-                fn()
-            except Exception as exc:  # a backend that cannot run this shape
-                fn, why_not = None, _first_line(exc)
-        if fn is None:
-            events.emit("pair-skipped", name=request.pair, reason=why_not)
-            _time_modes(attn, case, request, events, alone)
-            return
-        paired = lambda mode: time_pair(call, fn, mode=mode, reps=request.reps, warmup=request.warmup)  # noqa: E731
-        _time_modes(attn, case, request, events, paired, f" paired with {request.pair}")
-
-
-def _time_modes(attn, case: Case, request: WorkRequest, events: Events, measure, what: str = "") -> None:
-    """measure(mode) -> (the variant's Timing, the paired reference's or None), in each mode of the request."""
-    from flashcore_cli.measure.timing import TimingError
-
-    for mode in _modes(request):
-        try:
-            mine, theirs = measure(mode)
-        except TimingError as exc:  # this mode cannot time the call: say why, go on with the next mode
-            events.emit("timing-skipped", name=attn.name, key=attn.build.key, mode=mode, reason=str(exc))
-            continue
-        except Exception as exc:
-            _crash(events, exc, f"timing {case.label()}{what} ({mode} mode)")
-            return
-        # a kernel the launcher ran in place of its preferred one is named in the row that timed it (a backward
-        # alone runs no forward: the note of the setup's forward is not its row's)
-        note = attn.forward_note() if request.passes != "bwd" else None
-        events.emit("timing", name=attn.name, key=attn.build.key, **mine.as_dict(), **({"detail": note} if note else {}))
-        if theirs is not None:
-            events.emit("pair-timing", name=request.pair, paired_with=attn.name, **theirs.as_dict())
 
 
 def task_test(request: WorkRequest, events: Events) -> None:
@@ -183,54 +103,16 @@ def task_bench(request: WorkRequest, events: Events) -> None:
     attn = _build(request, events)
     if attn is None:
         return
-    events.emit("device", gpu=torch.cuda.get_device_name())  # which GPU measured the row (sweep's lanes)
+    events.emit(Event.DEVICE, gpu=torch.cuda.get_device_name())  # which GPU measured the row (sweep's lanes)
     case = Case.from_dict(request.case)
     result = _check(attn, case, events)
-    if result is None or result.status != "OK":
+    if result is None or result.status != OK:
         return  # never time a variant that failed correctness
-    _time(attn, case, request, events)
+    time_variant(attn, case, request, events.emit)
 
 
 def task_references(request: WorkRequest, events: Events) -> None:
-    from flashcore_cli.check.case import make_inputs
-    from flashcore_cli.core.records import environment
-    from flashcore_cli.measure.references import reference_functions
-    from flashcore_cli.measure.modes import needs_flusher, time_callable
-    from flashcore_cli.measure.timing import L2Flusher, TimingError
-
-    from flashcore_cli.measure.roofline import device_peaks
-
-    events.emit("built", note="references need no build")
-    peaks = device_peaks()
-    events.emit("environment", **environment(), peaks=peaks.as_dict() if peaks else None)
-    case = Case.from_dict(request.case)
-    q, k, v = make_inputs(case)
-    modes = _modes(request)
-    flusher = L2Flusher() if needs_flusher(modes) else None  # one for every row, made before any is timed
-    for name, fn, context, why_not in reference_functions(q, k, v, case.causal, request.passes):
-        if fn is None:
-            events.emit("reference-skipped", name=name, reason=why_not)  # no mode: skipped in every mode
-            continue
-        with context:  # entered once per row (a backend pin is a one-shot context manager)
-            try:
-                fn()
-            except Exception as exc:  # a backend that cannot run this shape: say so and go on
-                events.emit("reference-skipped", name=name, reason=_first_line(exc))
-                continue
-            describe = getattr(fn, "describe", None)  # what the row runs, when it chose (Triton's tuned tile)
-            detail = describe() if describe else ""
-            for mode in modes:
-                try:
-                    timing = time_callable(fn, mode=mode, reps=request.reps, warmup=request.warmup, flusher=flusher)
-                except Exception as exc:  # this mode cannot time it (e.g. no graph capture): the reason, per mode
-                    reason = str(exc) if isinstance(exc, TimingError) else _first_line(exc)
-                    events.emit("reference-skipped", name=name, mode=mode, reason=reason)
-                    continue
-                events.emit("timing", name=name, detail=detail, **timing.as_dict())
-
-
-def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+    time_references(request, events.emit)
 
 
 def task_launch(request: WorkRequest, events: Events) -> None:
@@ -249,7 +131,7 @@ def task_launch(request: WorkRequest, events: Events) -> None:
     q, k, v = make_inputs(case)
     backward = attn.variant.supports("backward")
     out = torch.full_like(q, float("nan"))
-    events.emit("case-start", case=case.as_dict())
+    events.emit(Event.CASE_START, case=case.as_dict())
     try:
         for _ in range(request.calls):
             if backward:
@@ -262,7 +144,7 @@ def task_launch(request: WorkRequest, events: Events) -> None:
     except Exception as exc:
         _crash(events, exc, case.label())
         return
-    events.emit("launched", calls=request.calls, kernels=[p[0] for p in attn.plan(case.shape.head_dim)])
+    events.emit(Event.LAUNCHED, calls=request.calls, kernels=[p[0] for p in attn.plan(case.shape.head_dim)])
 
 
 def task_trial(request: WorkRequest, events: Events) -> None:
@@ -275,13 +157,13 @@ def task_trial(request: WorkRequest, events: Events) -> None:
     attn = _build(request, events)
     if attn is None:
         return
-    events.emit("device", gpu=torch.cuda.get_device_name())
-    events.emit("environment", **environment())
+    events.emit(Event.DEVICE, gpu=torch.cuda.get_device_name())
+    events.emit(Event.ENVIRONMENT, **environment())
     for raw in request.cases:
         result = _check(attn, Case.from_dict(raw), events)
-        if result is None or result.status != "OK":
+        if result is None or result.status != OK:
             return  # never time a configuration that failed correctness
-    _time(attn, Case.from_dict(request.case), request, events)
+    time_variant(attn, Case.from_dict(request.case), request, events.emit)
 
 
 TASKS = {
@@ -303,8 +185,8 @@ def main(argv: list[str]) -> int:
     except Exception as exc:
         traceback.print_exc()
         _crash(events, exc, request.task)
-        return 3
-    events.emit("done")
+        return EXIT_INTERNAL_ERROR
+    events.emit(Event.DONE)
     if request.task == "build":
         _leave_now(events)
     return 0

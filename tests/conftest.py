@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 # The width every test renders at. flashcore's consoles are fixed at 180 columns when stdout is not a terminal
-# (commands.py) and take the terminal's width when it is (`pytest -s`), so COLUMNS alone does not reach them;
+# (core/console.py) and take the terminal's width when it is (`pytest -s`), so COLUMNS alone does not reach them;
 # the fixture below pins them, and COLUMNS covers any other rich console (typer's usage errors).
 TERMINAL_WIDTH = 200
 
@@ -35,10 +35,10 @@ TERMINAL_WIDTH = 200
 def wide_fixed_terminal(monkeypatch):
     """Every test renders at the same width, whatever terminal runs pytest. Tests still never assert on how a
     table wraps: a cell's text is read from `table_rows`, a plain message with its whitespace normalised."""
-    from flashcore_cli import commands
+    from flashcore_cli.core import console as consoles
 
     monkeypatch.setenv("COLUMNS", str(TERMINAL_WIDTH))
-    for console in (commands.console, commands.err_console):
+    for console in (consoles.console, consoles.err_console):
         monkeypatch.setattr(console, "width", TERMINAL_WIDTH)
 
 
@@ -54,7 +54,7 @@ def fake_bench_workers(monkeypatch, tmp_path):
             monkeypatch.setattr(bench, "bench_references", references)
         if variant is not None:
             monkeypatch.setattr(bench, "bench_variant", variant)
-        monkeypatch.setattr("flashcore_cli.commands.require_gpu", lambda command: None)
+        monkeypatch.setattr("flashcore_cli.core.gpu.require_gpu", lambda command: None)
         monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path / "results"))
 
     return install

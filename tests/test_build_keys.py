@@ -155,7 +155,7 @@ def test_find_cached_wants_the_library(project, fresh_cache):
 def test_build_answers_a_cached_variant_without_a_worker(project, fresh_cache, monkeypatch, table_rows):
     from typer.testing import CliRunner
 
-    from flashcore_cli import commands
+    from flashcore_cli.commands import build as commands
     from flashcore_cli.cli import app
 
     fake_build(project, fresh_cache)
@@ -171,7 +171,7 @@ def test_build_answers_a_cached_variant_without_a_worker(project, fresh_cache, m
 def test_build_with_force_or_a_tuned_winner_goes_to_a_worker(project, fresh_cache, monkeypatch):
     from typer.testing import CliRunner
 
-    from flashcore_cli import commands
+    from flashcore_cli.commands import build as commands
     from flashcore_cli.builder.tuned import store_tuned
     from flashcore_cli.cli import app
     from flashcore_cli.core.isolate import WorkerOutcome
@@ -199,7 +199,7 @@ def test_build_with_force_or_a_tuned_winner_goes_to_a_worker(project, fresh_cach
 def test_build_all_runs_one_worker_per_variant(project, fresh_cache, monkeypatch):
     from typer.testing import CliRunner
 
-    from flashcore_cli import commands
+    from flashcore_cli.commands import build as commands
     from flashcore_cli.cli import app
     from flashcore_cli.core.isolate import WorkerOutcome
 
@@ -241,14 +241,14 @@ def test_keys_and_checks_import_no_torch_and_read_torch_s_own_values(project, fr
 
 def test_gpu_visible_honours_cuda_visible_devices(monkeypatch):
     from flashcore_cli.builder import toolchain
-    from flashcore_cli.core import records
+    from flashcore_cli.core import gpu
 
-    assert toolchain.gpu_visible is records.gpu_visible  # core's, named in the toolchain module too
-    monkeypatch.setattr(records, "torch_metadata", lambda: {"torch": "2.11.0+cu130", "cuda": "13.0"})
+    assert toolchain.gpu_visible is gpu.gpu_visible  # core's, named in the toolchain module too
+    monkeypatch.setattr(gpu, "torch_metadata", lambda: {"torch": "2.11.0+cu130", "cuda": "13.0"})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert not records.gpu_visible()
+    assert not gpu.gpu_visible()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
-    assert not records.gpu_visible()
-    monkeypatch.setattr(records, "torch_metadata", lambda: {"torch": "2.13.0+cpu", "cuda": None})
+    assert not gpu.gpu_visible()
+    monkeypatch.setattr(gpu, "torch_metadata", lambda: {"torch": "2.13.0+cpu", "cuda": None})
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert not records.gpu_visible()  # a CPU torch sees no GPU, whatever the machine has
+    assert not gpu.gpu_visible()  # a CPU torch sees no GPU, whatever the machine has

@@ -100,7 +100,7 @@ def fake_sweep(monkeypatch, tmp_path) -> dict:
     from flashcore_cli.measure import sweep
     monkeypatch.setattr(sweep, "run_point", fake_point)  # handed to the lanes by reference: they import this module
     monkeypatch.setattr(gpus, "visible_gpus", lambda: ["0", "1"])
-    monkeypatch.setattr("flashcore_cli.core.console.require_gpu", lambda command: None)
+    monkeypatch.setattr("flashcore_cli.core.gpu.require_gpu", lambda command: None)
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path))
     result = runner.invoke(app, ["sweep", "baseline", "--seq", "2048,512,1024"])
     assert result.exit_code == 0, result.output

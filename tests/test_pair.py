@@ -149,6 +149,7 @@ def test_the_worker_enters_a_one_shot_backend_pin_once(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
     from flashcore_cli import worker
+    from flashcore_cli.measure import timed
     from flashcore_cli.core.protocol import WorkRequest
     from flashcore_cli.measure.timing import Timing
 
@@ -171,8 +172,8 @@ def test_the_worker_enters_a_one_shot_backend_pin_once(monkeypatch, tmp_path):
     case = Case(parse_shape("1,2,64,64"), False, 1)
     request = WorkRequest("bench", case=case.as_dict(), reps=100, warmup=1, modes=["cold"], passes="bwd", pair="sdpa-cudnn")
     events = worker.Events(str(tmp_path / "events.jsonl"))
-    monkeypatch.setattr(worker, "variant_call", lambda attn, case, passes: lambda: None)
-    worker._time(attn, case, request, events)
+    monkeypatch.setattr(timed, "variant_call", lambda attn, case, passes: lambda: None)
+    timed.time_variant(attn, case, request, events.emit)
     said = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert entered == ["pin"] and calls == ["ref", "ref"]  # its first call, then the samples
     assert [(e["event"], e["name"], e["median_us"]) for e in said] == [("timing", "v12", 1.0), ("pair-timing", "sdpa-cudnn", 2.0)]

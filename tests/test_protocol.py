@@ -121,3 +121,34 @@ def test_bench_and_tune_word_their_failures_as_before(monkeypatch):
     assert tune.run_trial(job)["detail"] == "worker crash, exit -9\ntail"
     fake_worker(monkeypatch, isolate, WorkerOutcome("done", [BUILT, *case_events(CASES[0], "MISMATCH"), {"event": "done"}]))
     assert (tune.run_trial(job)["status"], tune.run_trial(job)["detail"]) == ("MISMATCH", "1,2,64,64: d")
+
+
+# ---------------------------------------------------------------- the event kinds
+def test_every_event_kind_is_declared_once_documented_and_used_by_name():
+    """core/events.py declares the kinds (Event) and what each carries (FIELDS); protocol's documentation lists
+    every kind (made from FIELDS); no module spells a kind as a string where it sends or looks for one, and every
+    declared kind is used somewhere by its name."""
+    import ast
+
+    from conftest import REPO
+    from flashcore_cli.core import protocol
+    from flashcore_cli.core.events import FIELDS, Event
+
+    kinds = {name: value for name, value in vars(Event).items() if name.isupper()}
+    assert set(FIELDS) == set(kinds.values())
+    documented = {line.split()[0] for line in protocol.__doc__.splitlines() if line.startswith("    ") and line.strip()}
+    assert set(kinds.values()) <= documented
+    spelled, used = [], set()
+    for path in sorted((REPO / "flashcore_cli").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Event":
+                used.add(node.attr)
+            literal = None
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("emit", "find", "_first"):
+                literal = node.args[0] if node.args else None
+            elif isinstance(node, ast.Dict):
+                literal = next((v for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant) and k.value == "event"), None)
+            if isinstance(literal, ast.Constant) and literal.value in kinds.values():
+                spelled.append(f"{path.relative_to(REPO)}:{node.lineno} {literal.value!r}")
+    assert not spelled, "event kinds spelled as strings: " + "; ".join(spelled)
+    assert used >= set(kinds), f"declared, never used: {sorted(set(kinds) - used)}"

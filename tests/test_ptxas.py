@@ -34,7 +34,7 @@ def test_parse_captured_ptxas_output():
 
 
 def test_short_kernel_names_drop_the_parameter_list():
-    from flashcore_cli.commands import short_kernel
+    from flashcore_cli.core.console import short_kernel
 
     assert short_kernel("void v8_fwd<64>(FlashcoreParams)") == "v8_fwd<64>"
     tma = "void v11_fwd_tma<64, 32, 64, 16, 3, 2, 1>(FlashcoreParams, CUtensorMap_st, CUtensorMap_st)"

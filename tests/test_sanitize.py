@@ -126,7 +126,7 @@ def test_the_command_end_to_end_with_a_replayed_sanitizer_log(monkeypatch, tmp_p
         return WorkerOutcome("crash", [{"event": "built"}, crash], returncode=3)
 
     monkeypatch.setattr(isolate, "run_worker", fake_run_worker)
-    monkeypatch.setattr("flashcore_cli.core.console.require_gpu", lambda command: None)
+    monkeypatch.setattr("flashcore_cli.core.gpu.require_gpu", lambda command: None)
     monkeypatch.setattr(cudatools, "locate", lambda tool: Path("/opt/cuda/bin") / tool)
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path))
     result = runner.invoke(app, ["--registry", str(FIXTURES / "faults.yaml"), "sanitize", "fault", "--shape", "1,2,64,64", "--show", "2"])

@@ -11,7 +11,8 @@ from flashcore_cli.cli import app
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.measure.gpus import map_on_gpus, visible_gpus
 from flashcore_cli.registry.shapes import Case, parse_shape
-from flashcore_cli.measure.sweep import PointJob, parse_seq_lens, point_rows, render_sweep
+from flashcore_cli.commands.sweep import render_sweep
+from flashcore_cli.measure.sweep import PointJob, parse_seq_lens, point_rows
 
 runner = CliRunner()
 
@@ -144,7 +145,7 @@ def test_the_command_end_to_end_with_fake_timings(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "bench_variant", fake_variant)
     monkeypatch.setattr(gpus, "map_on_gpus", in_process)
     monkeypatch.setattr(gpus, "visible_gpus", lambda: ["0", "1"])
-    monkeypatch.setattr("flashcore_cli.core.console.require_gpu", lambda command: None)
+    monkeypatch.setattr("flashcore_cli.core.gpu.require_gpu", lambda command: None)
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path))
     plot = ["--plot", str(tmp_path / "s.png")] if __import__("importlib").util.find_spec("matplotlib") else []
     result = runner.invoke(app, ["sweep", "baseline", "--seq", "1024,512", "--causal", "--mode", "graph", *plot])

@@ -181,7 +181,7 @@ def test_the_command_end_to_end_with_fake_trials(monkeypatch, tmp_path, fresh_ca
     monkeypatch.setattr(isolate, "run_worker", fake_run_worker)
     monkeypatch.setattr(gpus, "map_on_gpus", in_process)
     monkeypatch.setattr(gpus, "visible_gpus", lambda: ["0"])
-    monkeypatch.setattr("flashcore_cli.core.console.require_gpu", lambda command: None)
+    monkeypatch.setattr("flashcore_cli.core.gpu.require_gpu", lambda command: None)
     monkeypatch.setenv("FLASHCORE_RESULTS", str(tmp_path))
     result = runner.invoke(app, ["--registry", TUNE_REGISTRY, "tune", "tunable", "--shape", "1,2,128,64", "--mode", "host"])
     assert result.exit_code == 0, result.output

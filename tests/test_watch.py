@@ -10,7 +10,8 @@ from rich.console import Console
 from conftest import REPO
 from flashcore_cli.builder.ptxas import KernelResources
 from flashcore_cli.check.correctness import CaseOutcome, VariantOutcome
-from flashcore_cli.loop.watch import Iteration, Watcher, WatchSteps, render_iteration, resource_deltas
+from flashcore_cli.commands.watch import render_iteration
+from flashcore_cli.loop.watch import Iteration, Watcher, WatchSteps, resource_deltas
 from flashcore_cli.registry.shapes import Case, parse_shape
 from flashcore_cli.registry.variants import load_registry
 
@@ -317,7 +318,7 @@ def test_the_command_wires_the_workers_steps(project, monkeypatch, tmp_path):
     monkeypatch.setattr(correctness, "run_variant", run_variant)
     monkeypatch.setattr(bench, "bench_variant", bench_variant)
     monkeypatch.setattr(bench, "bench_references", bench_references)
-    monkeypatch.setattr("flashcore_cli.core.console.require_gpu", lambda command: None)
+    monkeypatch.setattr("flashcore_cli.core.gpu.require_gpu", lambda command: None)
     monkeypatch.setattr(watch.Watcher, "wait_for_change", lambda self: (_ for _ in ()).throw(KeyboardInterrupt()))
     result = CliRunner().invoke(app, ["--registry", str(project / "variants.yaml"), "watch", "k", "--shape", "1,2,97,64", "--causal",
                                       "--bench", "--arch", "sm_90"])  # fmt: skip

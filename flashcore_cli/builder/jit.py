@@ -44,7 +44,7 @@ from pathlib import Path
 
 from flashcore_cli.builder.cache import HOST_CFLAGS, binding_key, build_key
 from flashcore_cli.core.records import cache_root
-from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.errors import EXIT_CHECK_FAILED, FlashcoreError
 from flashcore_cli.builder.objects import ObjectBuild, start_objects
 from flashcore_cli.builder.ptxas import KernelResources, first_errors, parse_ptxas
 from flashcore_cli.registry.variants import Variant
@@ -105,7 +105,7 @@ class BuildError(FlashcoreError):
     """The compiler rejected a variant: carries its first error lines."""
 
     def __init__(self, variant: str, errors: str, log: Path):
-        super().__init__(f"{variant}: build failed (full log: {log})\n{errors}", exit_code=1)
+        super().__init__(f"{variant}: build failed (full log: {log})\n{errors}", exit_code=EXIT_CHECK_FAILED)
         self.errors = errors
         self.log = log
 

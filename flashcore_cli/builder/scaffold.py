@@ -30,6 +30,7 @@ import re
 import shlex
 from pathlib import Path
 
+from flashcore_cli.core.dtypes import DEFAULT_DTYPE
 from flashcore_cli.core.errors import FlashcoreError
 
 _IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -177,7 +178,7 @@ def _entry_of(variant) -> dict:
         entry["defines"] = dict(variant.defines)
     if variant.archs:
         entry["archs"] = list(variant.archs)
-    if tuple(variant.dtypes) != ("fp16",):
+    if tuple(variant.dtypes) != (DEFAULT_DTYPE,):
         entry["dtypes"] = list(variant.dtypes)
     if variant.features:
         entry["features"] = list(variant.features)
@@ -277,6 +278,11 @@ def _own_folder(name: str) -> tuple[Path, Path, str]:
     return here / "kernels" / f"{name}.cu", here / REGISTRY_FILE, ""
 
 
+def shared_label(path: Path, registry: Path) -> str:
+    """How the registry names a shared source: relative to it, or flashcore:PATH for one of the installed parts."""
+    return os.path.relpath(path, registry.parent) if path.is_relative_to(registry.parent) else _installed_source(path)
+
+
 def _installed_source(path: Path) -> str:
     from flashcore_cli.core.paths import INSTALL_ROOT
     from flashcore_cli.registry.variants import INSTALLED_PREFIX
@@ -337,23 +343,3 @@ def registry_flag(registry: Path, cwd: Path | None = None) -> str:
         return ""
     shown = os.path.relpath(registry, cwd) if registry.is_relative_to(cwd) else str(registry)
     return f"--registry {shlex.quote(shown)} "
-
-
-def run_new(registry_path, name: str, source_name: str) -> int:
-    from rich.markup import escape
-
-    from flashcore_cli.core.console import console
-    from flashcore_cli.registry.variants import load_registry
-
-    target, registry, shared, renames = scaffold(registry_path, name, source_name)
-    renamed = f": {', '.join(f'{k} -> {v}' for k, v in renames.items())}" if renames else ""
-    console.print(f"wrote {escape(str(target))} (a copy of {source_name}{renamed})", highlight=False, soft_wrap=True)
-    if shared:
-        listed = ", ".join(os.path.relpath(s, registry.parent) if s.is_relative_to(registry.parent) else _installed_source(s)
-                           for s in shared)  # fmt: skip
-        console.print(f"shared with {source_name}, not copied: {escape(listed)}", highlight=False, soft_wrap=True)
-    how = "appended the entry" if len(load_registry(registry).variants) > 1 else "a registry of its own, with the entry"
-    console.print(f"wrote {escape(str(registry))} ({how} '{name}')", highlight=False, soft_wrap=True)
-    flashcore = f"flashcore {registry_flag(registry)}"
-    console.print(f"next: write its header, then `{escape(flashcore)}ptxas {name}` and `{escape(flashcore)}test {name}`", highlight=False, soft_wrap=True)
-    return 0

@@ -1,6 +1,6 @@
 """The CUDA toolchain on this machine: nvcc, its version, the flags every compile shares, demangling; and what
 torch is installed, read without importing it (a cached `flashcore build` never imports torch): torch_metadata
-and gpu_visible live in core/records.py (core/console.py's require_gpu asks gpu_visible) and are named here too."""
+and gpu_visible live in core/gpu.py (its require_gpu asks gpu_visible) and are named here too."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from flashcore_cli.core.errors import FlashcoreEnvironmentError, FlashcoreError
-from flashcore_cli.core.records import gpu_visible, torch_metadata  # noqa: F401  (core's; named here for the builder)
+from flashcore_cli.core.gpu import gpu_visible, torch_metadata  # noqa: F401  (core's; named here for the builder)
 
 # Every compile of a variant — the torch build and the no-GPU ptxas probe — uses these, so both see the
 # same kernel. torch's extension builder defines __CUDA_NO_HALF_OPERATORS__ & co.; the -U flags undo that

@@ -19,18 +19,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from flashcore_cli.core.dtypes import TORCH_NAMES
+from flashcore_cli.core.statuses import MISMATCH, OK
 from flashcore_cli.registry.shapes import Case
 
 ATOL = 2.0**-10
 ATOL_BY_DTYPE = {"fp16": ATOL, "bf16": 2.0**-7}
-TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 MAX_MISMATCHES_SHOWN = 5
 
 
 def torch_dtype(name: str):
     import torch
 
-    return getattr(torch, TORCH_DTYPES[name])
+    return getattr(torch, TORCH_NAMES[name])
 
 
 @dataclass
@@ -217,7 +218,7 @@ def check_case(attn, case: Case) -> CaseResult:
     outputs = {"out": out, **outputs}
     refs = {"out": ref, **refs}
 
-    result = CaseResult(case.as_dict(), "OK", 0.0, 0.0, sdpa_errors["out"])
+    result = CaseResult(case.as_dict(), OK, 0.0, 0.0, sdpa_errors["out"])
     worst = -1.0
     parts = []
     for name, got in outputs.items():
@@ -235,6 +236,6 @@ def check_case(attn, case: Case) -> CaseResult:
     if modified:
         parts.append(f"inputs modified: {', '.join(modified)}")
     if parts:
-        result.status = "MISMATCH"
+        result.status = MISMATCH
         result.detail = "; ".join(parts)
     return result

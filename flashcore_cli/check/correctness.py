@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flashcore_cli.core.isolate import run_worker
-from flashcore_cli.core.protocol import BUILD_FAIL, CRASH, TIMEOUT, WorkerOutcome, WorkRequest, Wording, classify
+from flashcore_cli.core.protocol import WorkerOutcome, WorkRequest, Wording, classify
+from flashcore_cli.core.statuses import BUILD_FAIL, CRASH, FAILURES, MISMATCH, NOT_RUN, OK, SKIP, TIMEOUT
 from flashcore_cli.registry.variants import Registry, Variant
 from flashcore_cli.registry.shapes import Case, Shape, default_cases, expand_cases
 
-FAILING = {"MISMATCH", "TIMEOUT", "CRASH", "BUILD-FAIL"}
 # Worst first: a variant's status is the worst of its cases'.
-SEVERITY = ["BUILD-FAIL", "CRASH", "TIMEOUT", "MISMATCH", "NOT-RUN", "OK", "SKIP"]
+SEVERITY = [BUILD_FAIL, CRASH, TIMEOUT, MISMATCH, NOT_RUN, OK, SKIP]
 
 
 @dataclass
@@ -51,15 +51,15 @@ class VariantOutcome:
 
     @property
     def status(self) -> str:
-        statuses = {c.status for c in self.cases} or {"SKIP"}
+        statuses = {c.status for c in self.cases} or {SKIP}
         return min(statuses, key=SEVERITY.index)
 
     @property
     def failed(self) -> bool:
-        return any(c.status in FAILING for c in self.cases)
+        return any(c.status in FAILURES for c in self.cases)
 
     def worst_ratio(self) -> float | None:
-        ratios = [c.max_error / c.tolerance for c in self.cases if c.status in ("OK", "MISMATCH") and c.max_error is not None and c.tolerance]
+        ratios = [c.max_error / c.tolerance for c in self.cases if c.status in (OK, MISMATCH) and c.max_error is not None and c.tolerance]
         return max(ratios) if ratios else None
 
     def as_dict(self) -> dict:
@@ -105,7 +105,7 @@ def run_variant(
     for case in cases:
         reason = variant.unsupported_reason(case.shape.head_dim, case.causal, arch, case.dtype, **case.needs())
         if reason:
-            outcomes[case] = CaseOutcome(case, "SKIP", detail=reason)
+            outcomes[case] = CaseOutcome(case, SKIP, detail=reason)
         else:
             runnable.append(case)
     result = VariantOutcome(variant.name, [])
@@ -146,7 +146,7 @@ def read_cases(worker: WorkerOutcome, runnable: list[Case], timeout: float) -> t
         elif started and key == started[-1] and verdict.status in (TIMEOUT, CRASH):
             outcomes[case] = CaseOutcome(case, verdict.status, detail=verdict.detail)
         else:
-            outcomes[case] = CaseOutcome(case, "NOT-RUN", detail="an earlier case of this variant timed out or crashed")
+            outcomes[case] = CaseOutcome(case, NOT_RUN, detail="an earlier case of this variant timed out or crashed")
     return outcomes, ""
 
 

@@ -8,32 +8,22 @@ import sys
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.dtypes import DEFAULT_DTYPE
+from flashcore_cli.core.statuses import BUILD_FAIL, CRASH, MISMATCH, NOT_RUN, OK, SKIP, TIMEOUT
 
 # Tables are wide: give pipes and CI logs room instead of folding every cell.
 console = Console(width=None if sys.stdout.isatty() else 180)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 180)
 
 STATUS_STYLE = {
-    "OK": "green",
-    "SKIP": "dim",
-    "NOT-RUN": "dim",
-    "MISMATCH": "bold red",
-    "TIMEOUT": "bold magenta",
-    "CRASH": "bold red",
-    "BUILD-FAIL": "bold yellow",
+    OK: "green",
+    SKIP: "dim",
+    NOT_RUN: "dim",
+    MISMATCH: "bold red",
+    TIMEOUT: "bold magenta",
+    CRASH: "bold red",
+    BUILD_FAIL: "bold yellow",
 }
-
-
-def require_gpu(command: str) -> None:
-    """Refuses a command that runs kernels where no GPU is visible; asks no torch (each worker imports it)."""
-    from flashcore_cli.core.records import gpu_visible
-
-    if not gpu_visible():
-        raise FlashcoreError(
-            f"`flashcore {command}` runs kernels and needs a CUDA GPU; none is visible here "
-            "(`flashcore ptxas` and `flashcore list` work without one)"
-        )
 
 
 def styled(status: str) -> str:
@@ -53,9 +43,6 @@ def progress(on: Console | None = None) -> Progress:
     )
 
 
-# ---------------------------------------------------------------- list
-
-
 def short_kernel(name: str) -> str:
     """'void v8_fwd<64>(FlashcoreParams)' -> 'v8_fwd<64>' (also with more parameters after the params struct)."""
     return re.sub(r"^void |\(FlashcoreParams(, [^()]*)?\)$", "", name)
@@ -63,7 +50,7 @@ def short_kernel(name: str) -> str:
 
 def dtype_label(dtype: str) -> str:
     """' bf16' after a shape in titles; nothing for fp16, the default."""
-    return "" if dtype == "fp16" else f" {dtype}"
+    return "" if dtype == DEFAULT_DTYPE else f" {dtype}"
 
 
 def timing_note(kind: str, timing: dict) -> str:

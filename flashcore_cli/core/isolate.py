@@ -32,6 +32,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from flashcore_cli.core.events import Event
 from flashcore_cli.core.protocol import WorkerOutcome, WorkRequest
 
 DEFAULT_BUILD_TIMEOUT = 900.0
@@ -85,7 +86,7 @@ def run_worker(
                     raise KeyboardInterrupt
                 for event in reader.read():
                     outcome.events.append(event)
-                    if event.get("event") == "built":
+                    if event.get("event") == Event.BUILT:
                         outcome.phase = "run"
                         deadline = time.monotonic() + run_timeout
                     if on_event:
@@ -108,7 +109,7 @@ def run_worker(
                 on_event(event)
         outcome.returncode = proc.returncode
         outcome.seconds = time.monotonic() - start
-        if outcome.status != "timeout" and not outcome.find("done"):
+        if outcome.status != "timeout" and not outcome.find(Event.DONE):
             outcome.status = "crash"
         outcome.log_tail = _tail(log_path)
         return outcome

@@ -7,22 +7,9 @@ The request. One WorkRequest names the task and everything it needs; SPEC.json i
 the path of the events file, and the worker reads it back with WorkRequest.from_json. The keys are the
 field names, but for `passes`, which is "pass" (a Python keyword). Cases travel as Case.as_dict() records.
 
-The events, each {"event": KIND, ...} on a line of its own:
-    built              the variant is built or loaded: jit's BuildResult.as_dict() (key, cached, build_seconds,
-                       load_seconds, resources, directory, binding, ...); references: a note. It starts the run's
-                       deadline (run_timeout) in place of the build's.
-    build-failed       errors (the compiler's first errors), log
-    device             gpu: the name of the GPU the worker runs on
-    environment        the run's environment (records.environment()); references add the GPU's peaks
-    case-start         case: the case about to be checked
-    case               a checked case: check_case's result (case, status OK or MISMATCH, max_error, tolerance, ...)
-    timing             name, and key (a variant) or detail (a reference), and Timing.as_dict() (mode, median_us, ...);
-                       a variant's detail names a kernel its launcher ran in place of the preferred one
-    timing-skipped     name, key, mode, reason: the variant cannot be timed in that mode
-    reference-skipped  name, reason, and mode when only that mode cannot time it (without: every mode)
-    launched           calls, kernels
-    crash              where, error: an exception in the worker (a fault poisons the CUDA context: the task stops)
-    done               the last event of a clean run
+The events, each {"event": KIND, ...} on a line of its own: core/events.py declares the kinds (Event) and what
+each carries; the list below this paragraph is made from that declaration when the module loads:
+{events}
 
 The outcome. WorkerOutcome holds the events, how the process ended and the tail of its log; its accessors read
 the events for the callers. classify() is the one rule that turns an outcome into a status (BUILD-FAIL,
@@ -37,7 +24,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-OK, BUILD_FAIL, TIMEOUT, CRASH = "OK", "BUILD-FAIL", "TIMEOUT", "CRASH"
+from flashcore_cli.core.events import Event, describe
+from flashcore_cli.core.passes import DEFAULT_PASS
+from flashcore_cli.core.statuses import BUILD_FAIL, CRASH, OK, TIMEOUT
+
+__doc__ = __doc__.replace("{events}", describe())
 # a timing event's fields that a row keeps (Timing.as_dict() less the mode)
 TIMING_KEYS = ("median_us", "p10_us", "p90_us", "calls_per_sample", "timed_out_samples", "samples_us")
 
@@ -58,7 +49,7 @@ class WorkRequest:
     reps: int = 0  # timed samples per row and mode
     warmup: int = 0  # untimed calls first
     modes: list[str] = field(default_factory=list)  # the timing modes, in order (empty: the default mode)
-    passes: str = "fwd"  # what a timed call does: fwd, bwd or fwd+bwd ("pass" in the JSON)
+    passes: str = DEFAULT_PASS  # what a timed call does: fwd, bwd or fwd+bwd ("pass" in the JSON)
     calls: int = 1  # launch: how many calls
     pair: str = ""  # bench: a reference row (measure/references.py) whose samples alternate with the variant's
 
@@ -73,6 +64,11 @@ class WorkRequest:
         names = {f.name for f in dataclasses.fields(cls)}
         values = {("passes" if key == "pass" else key): value for key, value in data.items()}
         return cls(**{key: value for key, value in values.items() if key in names})
+
+
+def crash_fields(exc: BaseException, where: str) -> dict:
+    """A "crash" event's fields: where it happened, and the exception's type and message."""
+    return {"where": where, "error": f"{type(exc).__name__}: {exc}".strip()[:2000]}
 
 
 def in_mode(event: dict, mode: str) -> bool:
@@ -105,17 +101,17 @@ class WorkerOutcome:
     @property
     def built(self) -> dict | None:
         """The "built" event (with its "event" key, as records keep it); None when nothing was built."""
-        return self._first("built")
+        return self._first(Event.BUILT)
 
     @property
     def build_errors(self) -> str | None:
         """The compiler's first errors when the build failed, else None."""
-        failed = self._first("build-failed")
+        failed = self._first(Event.BUILD_FAILED)
         return failed["errors"] if failed else None
 
     @property
     def crash_errors(self) -> list[str]:
-        return [e["error"] for e in self.find("crash")]
+        return [e["error"] for e in self.find(Event.CRASH)]
 
     @property
     def crash_error(self) -> str | None:
@@ -125,31 +121,31 @@ class WorkerOutcome:
     @property
     def device(self) -> str:
         """The name of the GPU the worker ran on ("" when it did not get that far)."""
-        device = self._first("device")
+        device = self._first(Event.DEVICE)
         return device["gpu"] if device else ""
 
     @property
     def environment(self) -> dict:
         """The run's environment ({} when the worker did not report one)."""
-        return {k: v for k, v in (self._first("environment") or {}).items() if k != "event"}
+        return {k: v for k, v in (self._first(Event.ENVIRONMENT) or {}).items() if k != "event"}
 
     def started_cases(self) -> list[dict]:
         """The cases whose check began, in order."""
-        return [e["case"] for e in self.find("case-start")]
+        return [e["case"] for e in self.find(Event.CASE_START)]
 
     def case_results(self) -> list[dict]:
         """The checked cases' results, in order."""
-        return self.find("case")
+        return self.find(Event.CASE)
 
     def timings(self, mode: str) -> list[dict]:
-        return [e for e in self.find("timing") if in_mode(e, mode)]
+        return [e for e in self.find(Event.TIMING) if in_mode(e, mode)]
 
     def timing_skips(self, mode: str) -> list[dict]:
         """A variant's "timing-skipped" events in the mode: it cannot be timed that way."""
-        return [e for e in self.find("timing-skipped") if in_mode(e, mode)]
+        return [e for e in self.find(Event.TIMING_SKIPPED) if in_mode(e, mode)]
 
     def reference_skips(self, mode: str) -> list[dict]:
-        return [e for e in self.find("reference-skipped") if in_mode(e, mode)]
+        return [e for e in self.find(Event.REFERENCE_SKIPPED) if in_mode(e, mode)]
 
 
 @dataclass(frozen=True)

@@ -12,18 +12,16 @@ row or a traceback after a long run. The traceback of an unexpected error goes t
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import platform
 import re
-import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.gpu import clocks, first_gpu
 
 from flashcore_cli.core.paths import CACHE_ENV, cache_root  # noqa: F401  (re-exported: where the cache is)
 
@@ -154,27 +152,6 @@ def write_crash_log(exc: BaseException) -> str:
 
 # ---- the environment a record carries ----
 
-def nvidia_smi(fields: str) -> dict:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return {}
-    try:
-        out = subprocess.run(
-            [smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", "0"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    values = [x.strip() for x in out.split(",")]
-    names = fields.split(",")
-    return dict(zip(names, values)) if len(values) == len(names) else {}
-
-
-def clocks() -> dict:
-    return nvidia_smi("clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw")
-
 
 def environment() -> dict:
     import torch
@@ -190,7 +167,7 @@ def environment() -> dict:
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
         "python": platform.python_version(),
-        "driver": nvidia_smi("driver_version").get("driver_version"),
+        "driver": first_gpu("driver_version").get("driver_version"),
         "clocks": clocks(),
     }
     try:
@@ -202,64 +179,3 @@ def environment() -> dict:
     return env
 
 
-def torch_metadata() -> dict[str, str | None]:
-    """torch's version and the CUDA version it was built for ({"torch", "cuda"}; cuda None for a CPU build;
-    {} without torch): torch's own values once it is imported, else read from torch/version.py without
-    importing it (the same values as torch.__version__ and torch.version.cuda, a second or more sooner)."""
-    import sys
-
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "version"):
-        return {"torch": str(torch.__version__), "cuda": torch.version.cuda}
-    return _torch_version_file()
-
-
-@functools.lru_cache(maxsize=None)
-def _torch_version_file() -> dict[str, str | None]:
-    import ast
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        return {}
-    values: dict[str, str | None] = {}
-    try:
-        tree = ast.parse((Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text())
-        for node in tree.body:  # __version__ = '...'; cuda: Optional[str] = '13.0'
-            target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(node, "target", None)
-            value = getattr(node, "value", None)
-            if isinstance(target, ast.Name) and target.id in ("__version__", "cuda") and isinstance(value, ast.Constant):
-                values["torch" if target.id == "__version__" else "cuda"] = value.value
-    except (OSError, SyntaxError, IndexError):
-        values = {}
-    if "torch" not in values:  # an unusual install: ask torch itself
-        import torch
-
-        return {"torch": str(torch.__version__), "cuda": torch.version.cuda}
-    values.setdefault("cuda", None)
-    return values
-
-
-def gpu_visible() -> bool:
-    """Whether torch would see a CUDA GPU here, answered without importing torch or initialising CUDA: a CUDA
-    build of torch, CUDA_VISIBLE_DEVICES not hiding every device, and an NVIDIA device node (or, without
-    /dev/nvidia*, a GPU that nvidia-smi lists). A driver too old for torch's CUDA passes here and fails in the
-    worker, with torch's error on the row."""
-    if torch_metadata().get("cuda") is None:
-        return False
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and (not visible.strip() or visible.strip().startswith("-")):
-        return False
-    if any(Path("/dev").glob("nvidia[0-9]*")):
-        return True
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return False
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return any(line.startswith("GPU ") for line in out.splitlines())

@@ -1,7 +1,7 @@
 """`flashcore doctor`: what this machine has for flashcore, and for each missing piece what to do.
 
 Python packages are probed in a subprocess (a broken torch install cannot take the report down with it);
-the GPU and driver come from nvidia-smi, the tools from cudatools' search.
+the GPU and driver come from nvidia-smi (core/gpu.py), the tools from cudatools' search.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from flashcore_cli.core.gpu import query
 
 PACKAGES_PROBE = r"""
 import json, importlib
@@ -55,8 +57,7 @@ def _tool_version(path: Path) -> str:
 
 def gpu_check() -> Check:
     smi = shutil.which("nvidia-smi")
-    out = _run([smi, "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"], 20) if smi else None
-    gpus = [ln.strip() for ln in (out or "").splitlines() if ln.strip()]
+    gpus = [", ".join(row.values()) for row in query("name,driver_version,compute_cap")]
     if not gpus:
         return Check("GPU + driver", False, "no NVIDIA GPU visible (nvidia-smi " + ("found nothing)" if smi else "is not installed)"),
                      "test, bench, sanitize, profile, sweep and tune need one; list, ptxas, sass, compare and new work without")
@@ -158,21 +159,6 @@ def registry_check(registry_path) -> Check:
     return Check("registry", True, f"{reg.path}: {len(reg.variants)} variant(s)")
 
 
-def run_doctor(registry_path) -> int:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from flashcore_cli.core.console import console
-
-    with console.status("checking the GPU, the toolchain and the Python packages"):
-        checks = [gpu_check(), nvcc_check(), *package_checks(), *tool_checks(), registry_check(registry_path), *storage_checks()]
-    table = Table(title="flashcore doctor")
-    for col in ("", "piece", "found", "what to do"):
-        table.add_column(col, overflow="fold")
-    for c in checks:
-        todo = f"{c.advice} (needed for {c.needed_for})" if c.advice and c.needed_for else c.advice
-        table.add_row("[green]ok[/]" if c.ok else "[bold red]missing[/]", c.name, escape(c.found), escape(todo))
-    console.print(table)
-    missing = [c.name for c in checks if not c.ok]
-    console.print(f"missing: {', '.join(missing)}" if missing else "[green]everything flashcore uses is here[/]")
-    return 0
+def all_checks(registry_path) -> list[Check]:
+    """Every piece doctor looks at, in the order its table lists them."""
+    return [gpu_check(), nvcc_check(), *package_checks(), *tool_checks(), registry_check(registry_path), *storage_checks()]

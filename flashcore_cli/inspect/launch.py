@@ -4,7 +4,7 @@ compile never runs under the tool, then called on one case in a worker whose com
 from __future__ import annotations
 
 from flashcore_cli.core import isolate
-from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.errors import EXIT_CHECK_FAILED, FlashcoreError
 from flashcore_cli.core.protocol import LAST_WORDS, WorkRequest, classify
 from flashcore_cli.registry.variants import Registry, Variant
 from flashcore_cli.registry.shapes import Case
@@ -16,7 +16,7 @@ def build_first(registry: Registry, variant: Variant, arch: str, purpose: str) -
     if outcome.built:
         return
     detail = classify(outcome, answered=False, wording=LAST_WORDS).detail  # its answer is the build
-    raise FlashcoreError(f"{variant.name}: the build failed, nothing to {purpose}:\n{detail}", exit_code=1)
+    raise FlashcoreError(f"{variant.name}: the build failed, nothing to {purpose}:\n{detail}", exit_code=EXIT_CHECK_FAILED)
 
 
 def launch_under(prefix: list[str], registry: Registry, variant: Variant, arch: str, case: Case, *, timeout: float,

@@ -14,13 +14,11 @@ from __future__ import annotations
 import csv
 import io
 import re
-import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.errors import EXIT_CHECK_FAILED, FlashcoreError
 
 DURATION = "gpu__time_duration.sum"
 SM_THROUGHPUT = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
@@ -177,7 +175,7 @@ def read_report(ncu: Path, report: Path) -> list[ProfiledKernel]:
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     if proc.returncode != 0:
-        raise FlashcoreError(f"ncu could not read back {report}: {(proc.stderr or proc.stdout).strip()[:1000]}", exit_code=1)
+        raise FlashcoreError(f"ncu could not read back {report}: {(proc.stderr or proc.stdout).strip()[:1000]}", exit_code=EXIT_CHECK_FAILED)
     return parse_ncu_details(proc.stdout)
 
 
@@ -199,102 +197,10 @@ def collect(ncu: Path, regex: str, launch, workdir: Path) -> tuple[Path, list[Pr
     report = export.with_suffix(".ncu-rep")
     if not report.is_file():
         why = "\n".join(line for line in ncu_log.splitlines() if line.startswith(("==ERROR==", "==WARNING=="))) or outcome.log_tail
-        raise FlashcoreError(f"{ncu_problem(ncu_log) or 'ncu wrote no report'} (worker {outcome.status}):\n{why}", exit_code=1)
+        raise FlashcoreError(f"{ncu_problem(ncu_log) or 'ncu wrote no report'} (worker {outcome.status}):\n{why}", exit_code=EXIT_CHECK_FAILED)
     kernels = read_report(ncu, report)
     if not kernels:
-        raise FlashcoreError(f"ncu profiled no kernel matching {regex}: did the run fail?\n{ncu_problem(ncu_log) or outcome.log_tail}", exit_code=1)
+        raise FlashcoreError(f"ncu profiled no kernel matching {regex}: did the run fail?\n{ncu_problem(ncu_log) or outcome.log_tail}", exit_code=EXIT_CHECK_FAILED)
     return report, kernels, dropped
 
 
-def run_profile(registry_path, name: str, shape_text: str | None, causal: bool, timeout: float, arch_text) -> int:
-    from flashcore_cli.registry.archs import parse_arch, parse_archs
-    from flashcore_cli.core.console import console, require_gpu
-    from flashcore_cli.builder.cudatools import require
-    from flashcore_cli.inspect.launch import build_first, launch_under
-    from flashcore_cli.builder.ptxas import compile_probe
-    from flashcore_cli.core.records import save_record
-    from flashcore_cli.core.records import nvidia_smi
-    from flashcore_cli.registry.variants import load_registry
-    from flashcore_cli.registry.shapes import MISSION_SHAPE, Case, parse_shape
-
-    if timeout <= 0:
-        raise FlashcoreError("--timeout must be positive (seconds)")
-    reg = load_registry(registry_path)
-    variant = reg.get(name)
-    shape = parse_shape(shape_text or MISSION_SHAPE)
-    reason = variant.unsupported_reason(shape.head_dim, causal, gqa=shape.gqa, seqlen_kv=shape.other_kv_len, seq_len=shape.seq_len)
-    if reason:
-        raise FlashcoreError(reason)
-    ncu = require("ncu", "`flashcore profile`")
-    require_gpu("profile")
-    arch = parse_arch(arch_text) if arch_text else parse_archs(None)[0]
-    case = Case(shape, causal, seed=1)
-    with console.status(f"building {variant.name} for {arch}; reading its kernel names (ptxas)"):
-        probe = compile_probe(variant, arch)
-        if probe.error:
-            raise FlashcoreError(f"{variant.name}: the compile failed, nothing to profile:\n{probe.error}", exit_code=1)
-        build_first(reg, variant, arch, "profile")
-    regex = kernel_regex([function_name(k.kernel) for k in probe.kernels])
-
-    with tempfile.TemporaryDirectory(prefix="flashcore-ncu-") as tmp:
-        with console.status(f"ncu: {variant.name} on {case.label()} (kernels {regex[6:]})"):
-            report, kernels, dropped = collect(
-                ncu, regex, lambda prefix: launch_under(prefix, reg, variant, arch, case, timeout=timeout), Path(tmp)
-            )
-        gpu = nvidia_smi("name,driver_version")
-        record = {
-            "kind": "flashcore-profile",
-            "variant": variant.name,
-            "case": case.as_dict(),
-            "arch": arch,
-            "gpu": gpu,
-            "clock_control": "none",
-            "metrics_not_available": dropped,
-            "kernels": [k.summary() for k in kernels],
-        }
-        saved = save_record(record, "profile", f"{variant.name}-{shape}{'-causal' if causal else ''}")
-        kept = saved.with_suffix(".ncu-rep")
-        shutil.move(str(report), kept)
-
-    render_profile(kernels, f"ncu: {variant.name} on {case.label()} ({gpu.get('name', arch)}, clocks not locked)")
-    if dropped:
-        console.print(f"[yellow]not available on this GPU / ncu:[/] {', '.join(dropped)}")
-    console.print(f"report: {kept} (open it in Nsight Compute, or `ncu --import {kept} --page details`); record: {saved}")
-    return 0
-
-
-def render_profile(kernels: list[ProfiledKernel], title: str) -> None:
-    from rich.table import Table
-
-    from flashcore_cli.core.console import console, short_kernel
-
-    def pct(v):
-        return "n/a" if v is None else f"{v:.1f}%"
-
-    def rate(p, b):
-        return pct(p) + ("" if b is None else f" ({b / 1e9:.0f} GB/s)")
-
-    table = Table(title=title)
-    table.add_column("metric")
-    for k in kernels:
-        table.add_column(f"#{k.launch_id} {short_kernel(k.name)}", justify="right")
-    summaries = [k.summary() for k in kernels]
-    rows = [
-        ("duration", [("n/a" if s["duration_us"] is None else f"{s['duration_us']:.2f} us") for s in summaries]),
-        ("grid x block", [f"{k.grid} x {k.block}" for k in kernels]),
-        ("SM throughput", [pct(s["sm_throughput_pct"]) for s in summaries]),
-        ("tensor pipe (HMMA / GMMA)", [f"{pct(s['tensor_hmma_pct'])} / {pct(s['tensor_gmma_pct'])}" for s in summaries]),
-        ("DRAM throughput", [rate(s["dram_pct"], s["dram_bytes_per_s"]) for s in summaries]),
-        ("L2 throughput", [rate(s["l2_pct"], s["l2_bytes_per_s"]) for s in summaries]),
-        ("achieved occupancy", [pct(s["achieved_occupancy_pct"]) for s in summaries]),
-        ("top warp stalls (cycles/instr)", ["\n".join(f"{r} {v:.2f}" for r, v in s["top_stalls"]) or "n/a" for s in summaries]),
-        ("smem bank conflicts (ld / st)", [_conflicts(s) for s in summaries]),
-    ]
-    for label, cells in rows:
-        table.add_row(label, *cells)
-    console.print(table)
-
-
-def _conflicts(s: dict) -> str:
-    ld, st = s["smem_bank_conflicts_ld"], s["smem_bank_conflicts_st"]
-    return " / ".join("n/a" if v is None else f"{v:,.0f}" for v in (ld, st))

@@ -10,12 +10,9 @@ falls outside every allocation, where memcheck sees it, not inside a pooled segm
 from __future__ import annotations
 
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from flashcore_cli.core.errors import FlashcoreError
-from flashcore_cli.core.protocol import CRASH, TIMEOUT, classify
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 DEFAULT_SEQ_LEN = 97  # not a multiple of any tile: the last tile of every CTA row is partial
@@ -131,83 +128,3 @@ def sanitizer_command(tool: str, log: Path) -> list[str]:
     return [str(exe), "--tool", tool, "--log-file", str(log), "--print-limit", "100", "--show-backtrace", "device"]
 
 
-def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, causal: bool, timeout: float, show: int, arch_text) -> int:
-    from flashcore_cli.registry.archs import parse_arch, parse_archs
-    from flashcore_cli.core.console import require_gpu
-    from flashcore_cli.inspect.launch import build_first, launch_under
-    from flashcore_cli.core.records import save_record
-    from flashcore_cli.registry.variants import load_registry
-    from flashcore_cli.registry.shapes import Case, parse_shape
-
-    if tool not in TOOLS:
-        raise FlashcoreError(f"unknown sanitizer tool '{tool}' (one of: {', '.join(TOOLS)})")
-    if timeout <= 0:
-        raise FlashcoreError("--timeout must be positive (seconds)")
-    reg = load_registry(registry_path)
-    variant = reg.get(name)
-    shape = parse_shape(shape_text or f"1,2,{DEFAULT_SEQ_LEN},{variant.head_dims[0]}")
-    reason = variant.unsupported_reason(shape.head_dim, causal, gqa=shape.gqa, seqlen_kv=shape.other_kv_len, seq_len=shape.seq_len)
-    if reason:
-        raise FlashcoreError(reason)
-    case = Case(shape, causal, seed=1)
-    with tempfile.TemporaryDirectory(prefix="flashcore-sanitize-") as tmp:
-        log = Path(tmp) / "sanitizer.log"
-        prefix = sanitizer_command(tool, log)
-        require_gpu("sanitize")
-        arch = parse_arch(arch_text) if arch_text else parse_archs(None)[0]
-        build_first(reg, variant, arch, "sanitize")
-        outcome = launch_under(prefix, reg, variant, arch, case, timeout=timeout, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
-        text = log.read_text(errors="replace") if log.is_file() else ""
-    title = f"compute-sanitizer {tool}: {variant.name} on {case.label()} ({arch})"
-    if not text.strip():
-        raise FlashcoreError(f"{title}: compute-sanitizer wrote no log (worker {outcome.status}):\n{outcome.log_tail}", exit_code=1)
-    report = parse_sanitizer(text, tool)
-    worker = {"status": outcome.status, "returncode": outcome.returncode, "crash": outcome.crash_errors}
-    record = {"kind": "flashcore-sanitize", "variant": variant.name, "case": case.as_dict(), "arch": arch, "worker": worker, **report.as_dict()}
-    saved = save_record(record, "sanitize", f"{variant.name}-{tool}")
-    saved.with_suffix(".log").write_text(text)
-
-    render_sanitize(report, title, show)
-    crashed = classify(outcome).status in (TIMEOUT, CRASH)  # the sanitized run itself failed
-    _print_verdict(report, crashed, worker, f"{tool}, {variant.name}, {case.label()}")
-    _print(f"full log: {saved.with_suffix('.log')}; record: {saved}")
-    return 1 if report.errors or crashed else 0
-
-
-def render_sanitize(report: SanitizerReport, title: str, show: int) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from flashcore_cli.core.console import console, short_kernel
-
-    shown = report.issues[: max(show, 0)]
-    if not shown:
-        return
-    table = Table(title=f"{title}: first {len(shown)} of the reports")
-    for col in ("#", "severity", "what", "kernel", "source", "thread", "detail"):
-        table.add_column(col, overflow="fold")
-    for i, issue in enumerate(shown, 1):
-        style = "bold red" if issue.severity == "error" else "yellow"
-        source = Path(issue.where).name if issue.where else "-"  # the full path is in the log and the record
-        cells = [issue.what, short_kernel(issue.kernel), source, issue.thread or "-", "\n".join(issue.details[:2])]
-        table.add_row(str(i), f"[{style}]{issue.severity}[/]", *map(escape, cells))
-    console.print(table)
-
-
-def _print_verdict(report: SanitizerReport, crashed: bool, worker: dict, where: str) -> None:
-    from rich.markup import escape
-
-    warned = f", {report.warnings} warning(s)" if report.warnings else ""
-    if report.errors:
-        _print(f"[bold red]{report.errors} error(s){warned}[/] ({where})")
-    else:
-        _print(f"[green]clean: 0 errors{warned}[/] ({where})")
-    if crashed:
-        why = worker["crash"][0] if worker["crash"] else f"worker {worker['status']}, exit {worker['returncode']}"
-        _print(f"[bold red]the sanitized run itself failed:[/] {escape(why)}")
-
-
-def _print(text: str) -> None:
-    from flashcore_cli.core.console import console
-
-    console.print(text, highlight=False)

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flashcore_cli.builder.cudatools import env_with_nvdisasm, require
-from flashcore_cli.core.errors import FlashcoreError
-from flashcore_cli.builder.ptxas import TRIVIAL_INSTRUCTIONS, empty_body_warnings, first_errors
+from flashcore_cli.core.errors import EXIT_CHECK_FAILED, FlashcoreError
+from flashcore_cli.builder.ptxas import TRIVIAL_INSTRUCTIONS, first_errors
 from flashcore_cli.core.isolate import run_tool
 from flashcore_cli.registry.variants import Variant
 from flashcore_cli.builder.toolchain import BASE_NVCC_FLAGS, define_flags, demangle, find_nvcc, gencode
@@ -108,7 +108,7 @@ def compile_cubin(variant: Variant, source: Path, arch: str, out: Path) -> None:
     ]  # fmt: skip
     proc = run_tool(cmd)
     if proc.returncode != 0:
-        raise FlashcoreError(f"{variant.name}: nvcc -cubin failed for {source.name}:\n{first_errors(proc.stdout + proc.stderr)}", exit_code=1)
+        raise FlashcoreError(f"{variant.name}: nvcc -cubin failed for {source.name}:\n{first_errors(proc.stdout + proc.stderr)}", exit_code=EXIT_CHECK_FAILED)
 
 
 def disassemble(cuobjdump: Path, cubin: Path) -> str:
@@ -117,7 +117,7 @@ def disassemble(cuobjdump: Path, cubin: Path) -> str:
         message = (proc.stderr or proc.stdout).strip()
         if "nvdisasm" in message:
             raise FlashcoreError(f"{cuobjdump} needs nvdisasm, which was not found: `pip install nvidia-cuda-nvdisasm` ({message})")
-        raise FlashcoreError(f"cuobjdump -sass failed on {cubin.name}: {message}", exit_code=1)
+        raise FlashcoreError(f"cuobjdump -sass failed on {cubin.name}: {message}", exit_code=EXIT_CHECK_FAILED)
     return proc.stdout
 
 
@@ -136,47 +136,3 @@ def variant_sass(variant: Variant, arch: str) -> tuple[str, list[KernelSass]]:
     return text, parse_sass(text)
 
 
-def run_sass(registry_path, name: str, arch_text: str | None, out: str | None) -> int:
-    from rich.table import Table
-
-    from rich.markup import escape
-
-    from flashcore_cli.registry.archs import parse_arch, parse_archs
-    from flashcore_cli.core.console import console, err_console, short_kernel
-    from flashcore_cli.core.records import output_file, write_output
-    from flashcore_cli.registry.variants import load_registry
-
-    variant = load_registry(registry_path).get(name)
-    arch = variant.build_target(parse_arch(arch_text) if arch_text else parse_archs(None)[0])
-    if out:
-        output_file(out, "--out")  # a folder or an unwritable path: refused before the compile
-    with console.status(f"nvcc -cubin {variant.name} for {arch}, cuobjdump -sass"):
-        text, kernels = variant_sass(variant, arch)
-    if not kernels:
-        raise FlashcoreError(f"{variant.name}: cuobjdump found no kernels in the cubin", exit_code=1)
-    table = Table(title=f"SASS instruction mix: {variant.name} for {arch} (static counts, per kernel)")
-    table.add_column("kernel")
-    table.add_column("instrs", justify="right")
-    for col in MIX_COLUMNS:
-        table.add_column(col, justify="right")
-    for col in WIDTH_COLUMNS:
-        table.add_column(f"{col} bits x n", justify="right")
-    for k in kernels:
-        cells = []
-        for col, ops in MIX_COLUMNS.items():
-            n = k.count(*ops)
-            cells.append(f"[bold red]{n}[/]" if col == "LDL/STL" and n else str(n))
-        widths = [", ".join(f"{bits}x{n}" for bits, n in sorted(k.widths(b).items(), reverse=True)) or "0" for b in WIDTH_COLUMNS]
-        total = f"[bold yellow]{k.total}[/]" if k.looks_empty() else str(k.total)
-        table.add_row(short_kernel(k.kernel), total, *cells, *widths)
-    console.print(table)
-    console.print("HMMA/HGMMA: tensor-core MMAs; LDSM: ldmatrix; LDGSTS: cp.async; TMA: UTMALDG/UBLKCP; "
-                  "LDL/STL: local memory (spills or indexed arrays); bits x n: access width x count")  # fmt: skip
-    for warning in empty_body_warnings(variant, arch, [k for k in kernels if k.looks_empty()], "sass", len(kernels)):
-        err_console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
-    if out:
-        write_output(out, text, "--out")
-        console.print(f"full listing: {out}")
-    else:
-        console.print(f"full listing: `flashcore sass {variant.name} --arch {arch} --out {variant.name}.sass`")
-    return 0

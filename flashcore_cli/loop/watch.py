@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Callable
 from flashcore_cli.builder.ptxas import KernelResources, kernel_base_name
 from flashcore_cli.check.correctness import CaseOutcome, VariantOutcome
 from flashcore_cli.core.errors import EXIT_INTERRUPTED, FlashcoreError
+from flashcore_cli.core.statuses import BUILD_FAIL, CRASH, MISMATCH, OK, SKIP, TIMEOUT
 from flashcore_cli.measure.modes import DEFAULT_MODE
 
 POLL_SECONDS = 0.2  # between two looks at the files' mtimes
@@ -65,7 +65,7 @@ class Iteration:
     def mismatch_lines(self, limit: int = 5) -> list[str]:
         lines = []
         for c in self.cases:
-            if c.status != "MISMATCH":
+            if c.status != MISMATCH:
                 continue
             where = "; ".join(f"{_index(m['index'])} expected {m['expected']:.4g}, got {m['got']:.4g}" for m in c.mismatches[:2])
             lines.append(f"{c.case.label()}: max error {c.max_error:.4g} > tolerance {c.tolerance:.4g}; first at {where or c.detail}")
@@ -162,13 +162,13 @@ class Watcher:
         it.cases = outcome.cases
         it.status = outcome.status
         it.build = dict(outcome.build)
-        failed_build = [c for c in outcome.cases if c.status == "BUILD-FAIL"]
+        failed_build = [c for c in outcome.cases if c.status == BUILD_FAIL]
         if failed_build:
             it.errors = _first_lines(failed_build[0].detail)
-        elif it.status in ("CRASH", "TIMEOUT"):
+        elif it.status in (CRASH, TIMEOUT):
             bad = next(c for c in outcome.cases if c.status == it.status)
             it.errors = _first_lines(bad.detail or outcome.detail)
-        elif it.status == "SKIP":
+        elif it.status == SKIP:
             it.errors = next((c.detail for c in outcome.cases if c.detail), "")
         if it.build:
             try:
@@ -178,7 +178,7 @@ class Watcher:
             previous = next((h.resources for h in reversed(self.history) if h.resources is not None), None)
             if it.resources is not None:
                 it.deltas = resource_deltas(previous, it.resources)
-        if self.steps.bench is not None and it.status == "OK":
+        if self.steps.bench is not None and it.status == OK:
             self._bench(registry, variant, it)
         it.seconds = self.clock() - start
         return it
@@ -282,102 +282,8 @@ def resource_deltas(before: list[KernelResources] | None, after: list[KernelReso
     return lines
 
 
-# ---------------------------------------------------------------- rendering
-def render_iteration(console, it: Iteration, history: list[Iteration], *, title: str, clear: bool) -> None:
-    """A compact screen: build, status, max error vs tolerance, the time beside SDPA and the previous build,
-    the ptxas deltas, the first errors or mismatches; one line of history."""
-    from rich.markup import escape
-    from rich.panel import Panel
-    from rich.table import Table
-
-    from flashcore_cli.core.console import styled
-
-    if clear:
-        console.clear()
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold", no_wrap=True)
-    grid.add_column(overflow="fold")
-    grid.add_row("changed", f"{escape(', '.join(it.changed))}  [dim]{time.strftime('%H:%M:%S')}, iteration took {it.seconds:.1f} s[/]")
-    b = it.build
-    if b:
-        built = "cached" if b.get("cached") else f"built in {b.get('build_seconds', 0):.1f} s"
-        binding = b.get("binding") or {}
-        if binding and not binding.get("cached", True):
-            built += f" (+ the shared binding, {binding.get('build_seconds', 0):.1f} s)"
-        grid.add_row("build", f"{built}  [dim]key {b.get('key', '')}[/]")
-    elif it.status == "BUILD-FAIL":
-        grid.add_row("build", "[bold yellow]failed[/] (the compiler's first errors below)")
-    counts = {}
-    for c in it.cases:
-        counts[c.status] = counts.get(c.status, 0) + 1
-    summary = ", ".join(f"{n} {s}" for s, n in counts.items())
-    grid.add_row("status", f"{styled(it.status)}" + (f"  [dim]({summary})[/]" if summary else ""))
-    worst = it.worst
-    if worst is not None:
-        ratio = worst.max_error / worst.tolerance
-        grid.add_row("max error", f"{worst.max_error:.3g} vs tolerance {worst.tolerance:.3g} ({ratio:.2f}x)  [dim]{escape(worst.case.label())}[/]")
-    if it.median_us is not None:
-        parts = [f"{it.median_us:.1f} us median ({BENCH_MODE})"]
-        if it.sdpa_us:
-            parts.append(f"vs SDPA {it.sdpa_us:.1f} us: {it.sdpa_us / it.median_us:.2f}x")
-        if it.previous_us:
-            parts.append(f"vs previous {it.previous_us:.1f} us: {_change(it)}")
-        grid.add_row("time", "   ".join(parts))
-    elif it.bench_note:
-        grid.add_row("time", escape(it.bench_note))
-    if it.resources is not None:
-        if it.deltas:
-            grid.add_row("ptxas", escape("\n".join(it.deltas)))
-        else:
-            grid.add_row("ptxas", escape(_resources_line(it.resources)) + ("" if len(history) < 2 else "  [dim](no change)[/]"))
-    if it.errors:
-        grid.add_row("errors" if it.status != "SKIP" else "skip", f"[red]{escape(it.errors)}[/]" if it.status != "SKIP" else escape(it.errors))
-    mismatches = it.mismatch_lines()
-    if mismatches:
-        grid.add_row("mismatch", f"[red]{escape(chr(10).join(mismatches))}[/]")
-    recent = history[-8:]
-    grid.add_row("history", "  ".join(f"#{h.number} {styled(h.status)}" for h in recent))
-    console.print(Panel(grid, title=escape(f"{title} · #{it.number}"), title_align="left", expand=False))
-    console.print("[dim]watching for saves; Ctrl-C stops[/]")
 
 
-def _resources_line(resources: list[KernelResources]) -> str:
-    return "; ".join(f"{kernel_base_name(k.kernel)} {k.registers} regs, {k.spills} B spills" for k in resources) or "no kernels"
-
-
-# ---------------------------------------------------------------- the command
-def run_watch(registry_path, name: str, shape_values: list[str] | None, causal: bool, bench: bool, dtype_text: str,
-              arch_text: str | None, interval: float, timeout: float, reps: int) -> int:  # fmt: skip
-    from flashcore_cli.check.correctness import new_seed
-    from flashcore_cli.core.console import console, require_gpu
-    from flashcore_cli.measure.bench import MIN_REPS
-    from flashcore_cli.registry.archs import parse_arch, parse_archs
-    from flashcore_cli.registry.shapes import MISSION_SHAPE, parse_dtype, parse_shapes
-    from flashcore_cli.registry.variants import load_registry
-
-    shapes = parse_shapes(shape_values) or parse_shapes([MISSION_SHAPE])
-    dtype = parse_dtype(dtype_text)
-    if interval <= 0:
-        raise FlashcoreError("--interval must be positive (seconds)")
-    if timeout <= 0:
-        raise FlashcoreError("--timeout must be positive (seconds)")
-    if bench and reps < MIN_REPS:
-        raise FlashcoreError(f"--reps {reps}: at least {MIN_REPS} timed calls are needed for a median and p10/p90")
-    variant_name = load_registry(registry_path).get(name).name  # an unknown name fails here, before anything runs
-    require_gpu("watch")
-    arch = parse_arch(arch_text) if arch_text else parse_archs(None)[0]
-    seed = new_seed()
-    steps = worker_steps(registry_path, variant_name, shapes, causal=causal, dtype=dtype, arch=arch, timeout=timeout,
-                         seed=seed, bench=bench, reps=reps)  # fmt: skip
-    what = f"{', '.join(map(str, shapes))}{' causal' if causal else ''} {dtype}"
-    title = f"flashcore watch {variant_name} · {what} · {arch}" + (f" · bench {BENCH_MODE}" if bench else "")
-    console.print(f"watching {variant_name} ({what}, {arch}); seed {seed}; Ctrl-C stops")
-    watcher = Watcher(steps, lambda it, hist: render_iteration(console, it, hist, title=title, clear=console.is_terminal),
-                      interval=interval)  # fmt: skip
-    code = watcher.run()
-    if code == EXIT_INTERRUPTED:
-        console.print("[yellow]stopped[/] (Ctrl-C)")
-    return code
 
 
 def worker_steps(registry_path, variant_name: str, shapes, *, causal: bool, dtype: str, arch: str, timeout: float,
@@ -414,19 +320,6 @@ def worker_steps(registry_path, variant_name: str, shapes, *, causal: bool, dtyp
         return sdpa_median(rows[BENCH_MODE])
 
     return WatchSteps(load, check, resources_of, time_it if bench else None, sdpa if bench else None)
-
-
-def _change(it: Iteration) -> str:
-    """This build against the previous one, by the rule `compare` uses: "same (within noise)" when the medians
-    differ by less than either row's half p10-p90 spread; the factor faster or slower otherwise."""
-    from flashcore_cli.measure.timing import timing_verdict
-
-    rows = (it.previous_timing, it.timing)
-    if all(r.get(k) is not None for r in rows for k in ("median_us", "p10_us", "p90_us")):
-        verdict = timing_verdict(*rows, threshold=math.inf)
-        return "same (within noise)" if verdict.word == "same" else verdict.text()
-    change = it.previous_us / it.median_us
-    return f"{change:.2f}x {'faster' if change >= 1 else 'slower'}"
 
 
 def resources_of(built: dict) -> list[KernelResources]:

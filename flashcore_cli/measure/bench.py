@@ -23,18 +23,18 @@ import time
 from dataclasses import dataclass, field
 
 from flashcore_cli.check.correctness import CaseOutcome
+from flashcore_cli.core.dtypes import DEFAULT_DTYPE
+from flashcore_cli.core.events import Event
+from flashcore_cli.core.gpu import clocks
 from flashcore_cli.core.isolate import run_worker
-from flashcore_cli.core.protocol import (BUILD_FAIL, LAST_WORDS, OK, WorkerOutcome, WorkRequest, classify, in_mode,
-                                         timing_fields)
-from flashcore_cli.core.records import clocks
+from flashcore_cli.core.passes import DEFAULT_PASS
+from flashcore_cli.core.protocol import LAST_WORDS, WorkerOutcome, WorkRequest, classify, in_mode, timing_fields
+from flashcore_cli.core.statuses import BUILD_FAIL, OK, SKIP
 from flashcore_cli.measure.modes import DEFAULT_MODE
 from flashcore_cli.measure.references import SDPA_DEFAULT
 from flashcore_cli.registry.variants import Registry, Variant
 from flashcore_cli.measure.roofline import Peaks, roofline
 from flashcore_cli.registry.shapes import Case, Shape, pass_bytes, pass_flops
-
-MIN_REPS = 100
-
 
 @dataclass
 class BenchRow:
@@ -75,8 +75,8 @@ class BenchRun:
     causal: bool
     seed: int
     modes: list[str] = field(default_factory=lambda: [DEFAULT_MODE])
-    dtype: str = "fp16"  # of q, k, v for every row, references included
-    passes: str = "fwd"  # what a timed call does: fwd, bwd or fwd+bwd (shapes.PASSES)
+    dtype: str = DEFAULT_DTYPE  # of q, k, v for every row, references included
+    passes: str = DEFAULT_PASS  # what a timed call does: fwd, bwd or fwd+bwd (shapes.PASSES)
     rows: dict[str, list[BenchRow]] = field(default_factory=dict)  # mode -> its rows, in run order
     environment: dict = field(default_factory=dict)
     clocks_after: dict = field(default_factory=dict)
@@ -126,16 +126,16 @@ class BenchRun:
 
 
 def bench_references(case: Case, *, reps: int, warmup: int, timeout: float, modes=(DEFAULT_MODE,), on_event=None,
-                     passes: str = "fwd") -> tuple[dict[str, list[BenchRow]], dict]:  # fmt: skip
+                     passes: str = DEFAULT_PASS) -> tuple[dict[str, list[BenchRow]], dict]:  # fmt: skip
     """The reference rows of every mode ({mode: rows}) and the run's environment, from one worker."""
     request = WorkRequest("references", case=case.as_dict(), reps=reps, warmup=warmup, modes=list(modes), passes=passes)
     worker = run_worker(request, run_timeout=timeout, on_event=on_event)
     verdict = classify(worker, wording=LAST_WORDS)  # the rows timed before a crash or a timeout stand beside it
     rows: dict[str, list[BenchRow]] = {}
     for mode in modes:
-        rows[mode] = [BenchRow(e["name"], "reference", "OK", timing_fields(e), detail=e.get("detail", ""))
+        rows[mode] = [BenchRow(e["name"], "reference", OK, timing_fields(e), detail=e.get("detail", ""))
                       for e in worker.timings(mode)]  # fmt: skip
-        rows[mode] += [BenchRow(e["name"], "reference", "SKIP", detail=e["reason"]) for e in worker.reference_skips(mode)]
+        rows[mode] += [BenchRow(e["name"], "reference", SKIP, detail=e["reason"]) for e in worker.reference_skips(mode)]
         if verdict.status != OK:
             rows[mode].append(BenchRow("references", "reference", verdict.status, detail=verdict.detail))
     return rows, worker.environment
@@ -153,14 +153,14 @@ def bench_variant(
     modes=(DEFAULT_MODE,),
     on_event=None,
     defines: dict[str, str] | None = None,
-    passes: str = "fwd",
+    passes: str = DEFAULT_PASS,
     pair: str = "",
 ) -> dict[str, BenchRow]:
     """The variant's row in every mode ({mode: row}); one worker builds, checks and times it in each. pair: a
     reference row timed in turn with it (the variant row's `paired`, None where the variant was not timed)."""
     reason = variant.unsupported_reason(case.shape.head_dim, case.causal, arch, case.dtype, **case.needs())
     if reason:
-        return {m: BenchRow(variant.name, "variant", "SKIP", detail=reason) for m in modes}
+        return {m: BenchRow(variant.name, "variant", SKIP, detail=reason) for m in modes}
     request = WorkRequest("bench", str(registry.path), variant.name, arch, defines=defines or {}, case=case.as_dict(), reps=reps,
                           warmup=warmup, modes=list(modes), passes=passes, pair=pair)  # fmt: skip
     worker = run_worker(request, run_timeout=timeout, on_event=on_event)
@@ -178,11 +178,11 @@ def _paired_row(reference: str, variant: str, worker: WorkerOutcome, mode: str) 
     """The reference's row from a paired worker: its samples, or SKIP with the reason it could not run; None
     where the variant was not timed (so neither was the reference)."""
     name = paired_name(reference, variant)
-    if timing := [e for e in worker.find("pair-timing") if in_mode(e, mode)]:
+    if timing := [e for e in worker.find(Event.PAIR_TIMING) if in_mode(e, mode)]:
         return BenchRow(name, "reference", OK, timing_fields(timing[0]), detail=f"samples in turn with {variant}'s",
                         paired_with=variant)  # fmt: skip
-    if skipped := worker.find("pair-skipped"):
-        return BenchRow(name, "reference", "SKIP", detail=skipped[0]["reason"], paired_with=variant)
+    if skipped := worker.find(Event.PAIR_SKIPPED):
+        return BenchRow(name, "reference", SKIP, detail=skipped[0]["reason"], paired_with=variant)
     return None
 
 
@@ -197,7 +197,7 @@ def _variant_row(variant: Variant, case: Case, worker: WorkerOutcome, mode: str,
     if timing := worker.timings(mode):  # detail: a kernel run in place of the preferred one (forward_note)
         return BenchRow(variant.name, "variant", OK, timing_fields(timing[0]), key=key, detail=timing[0].get("detail", ""))
     if skipped := worker.timing_skips(mode):
-        return BenchRow(variant.name, "variant", "SKIP", key=key, detail=f"{mode} mode: {skipped[0]['reason']}")
+        return BenchRow(variant.name, "variant", SKIP, key=key, detail=f"{mode} mode: {skipped[0]['reason']}")
     if verdict.status != OK:  # TIMEOUT, CRASH
         return BenchRow(variant.name, "variant", verdict.status, key=key, detail=verdict.detail)
     e = failed  # the check failed: the row says how, never timed

@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.errors import EXIT_CHECK_FAILED, FlashcoreError
 
 SOURCE = Path(__file__).with_name("blocking_start.cu")
 
@@ -105,7 +105,7 @@ def load_extension():
                 )
             except Exception as exc:
                 raise FlashcoreError(
-                    f"the bench's blocking-start kernel ({SOURCE}) failed to build in {directory}: {exc}", exit_code=1
+                    f"the bench's blocking-start kernel ({SOURCE}) failed to build in {directory}: {exc}", exit_code=EXIT_CHECK_FAILED
                 ) from None
             marker.write_text(json.dumps({"module": name, "library": Path(module.__file__).name, "arch": arch}))
             sys.modules[name] = module

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import shutil
-import subprocess
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
+from flashcore_cli.core.gpu import query
+
 
 def visible_gpus() -> list[str]:
-    """The GPUs a job may be pinned to: CUDA_VISIBLE_DEVICES' entries when it is set, else nvidia-smi's indices."""
+    """The GPUs a job may be pinned to: CUDA_VISIBLE_DEVICES' entries when it is set, else nvidia-smi's indices
+    (core/gpu.py)."""
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         ids = [g.strip() for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",")]
         visible = []
@@ -33,14 +34,7 @@ def visible_gpus() -> list[str]:
                 break
             visible.append(g)
         return visible
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return []
-    try:
-        out = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip().isdigit()]
+    return [row["index"] for row in query("index") if row["index"].isdigit()]
 
 
 def _pin(gpu: str) -> None:

@@ -40,6 +40,7 @@ from flashcore_cli.measure.timing import (L2Flusher, Timing, TimingError, altern
                                           per_call)
 
 DEFAULT_MODE = "cold"  # what bench, sweep, tune and watch time in unless told
+MIN_REPS = 100  # timed samples per row: the median and p10/p90 need at least this many
 OLD_RECORD_MODE = "cold"  # a record without a "mode" is from before the modes: every timing then was cold
 
 # Event timestamps resolve ~0.5 us: a 200 us replay puts that at 0.25% of a sample.

@@ -3,6 +3,8 @@ and the project's own Triton FlashAttention forward."""
 
 from __future__ import annotations
 
+from flashcore_cli.core.passes import DEFAULT_PASS
+
 
 SDPA_DEFAULT = "sdpa"
 TRITON = "triton"
@@ -25,7 +27,7 @@ def math_skip_reason(shape, kv_shape=None) -> str:
             f"(limit {MATH_SCORE_LIMIT_BYTES / 2**30:.0f} GiB)")
 
 
-def reference_functions(q, k, v, causal: bool, passes: str = "fwd"):
+def reference_functions(q, k, v, causal: bool, passes: str = DEFAULT_PASS):
     """(name, zero-argument callable or None, context manager to time it in, reason when None) for each
     reference row. `passes` (fwd, bwd, fwd+bwd) is what a call does: the forward; the backward
     (torch.autograd.grad of a saved forward's output); or both. SDPA takes grouped-query inputs with

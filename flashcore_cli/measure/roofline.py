@@ -50,38 +50,17 @@ class Peaks:
 
 
 def device_peaks(device: int = 0) -> Peaks | None:
-    """The current GPU's peaks (None without NVML or a GPU)."""
+    """The current GPU's peaks (None without NVML or a GPU: no roofline columns)."""
     import torch
 
-    try:
-        import pynvml
-    except ImportError:
+    from flashcore_cli.core.gpu import nvml_limits
+
+    limits = nvml_limits(device)
+    if limits is None:
         return None
     props = torch.cuda.get_device_properties(device)
-    try:
-        pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index(device))
-            sm_clock = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
-            mem_clock = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)
-            bus_width = pynvml.nvmlDeviceGetMemoryBusWidth(handle)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # NVML present but refusing (a container without the library): no roofline columns
-        return None
     rate = TENSOR_FLOPS_PER_SM_CLOCK.get((props.major, props.minor))
-    return Peaks(props.multi_processor_count, int(sm_clock), int(mem_clock), int(bus_width), rate)
-
-
-def nvml_index(device: int) -> int:
-    """NVML numbers GPUs by PCI order; CUDA_VISIBLE_DEVICES renumbers them for CUDA: map the first visible one."""
-    import os
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-    try:
-        return int(visible[device]) if visible and visible[0].strip() else device
-    except (ValueError, IndexError):
-        return device
+    return Peaks(props.multi_processor_count, limits["sm_clock_mhz"], limits["memory_clock_mhz"], limits["bus_width_bits"], rate)
 
 
 @dataclass

@@ -19,9 +19,10 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from flashcore_cli.core.statuses import CRASH, OK, SKIP
 from flashcore_cli.registry.constraints import compile_constraint
 from flashcore_cli.core.errors import FlashcoreError
-from flashcore_cli.core.protocol import OK, WorkRequest, Wording, classify, timing_fields
+from flashcore_cli.core.protocol import WorkRequest, Wording, classify, timing_fields
 from flashcore_cli.measure.modes import DEFAULT_MODE
 from flashcore_cli.registry.variants import TuneSpace, Variant
 
@@ -159,7 +160,7 @@ def run_trial(job: TrialJob) -> dict:
         e = bad[0]
         return {**result, "status": e["status"], "detail": f"{e['case']['shape']}{' causal' if e['case']['causal'] else ''}: {e['detail']}"}
     if not timing:
-        return {**result, "status": "SKIP", "detail": f"{job.mode} mode: {skipped[0]['reason']}"}
+        return {**result, "status": SKIP, "detail": f"{job.mode} mode: {skipped[0]['reason']}"}
     return {**result, "status": OK, "timing": timing_fields(timing[0])}
 
 
@@ -183,120 +184,37 @@ def ranked(candidates: list[Candidate]) -> list[Candidate]:
     return timed + [c for c in candidates if not c.median]
 
 
-def run_tune(registry_path, name, param_values, shape_text, causal, reps, warmup, timeout, arch_text, dry_run, mode_text=DEFAULT_MODE) -> int:
-    from flashcore_cli.registry.archs import parse_arch, parse_archs
-    from flashcore_cli.measure.bench import MIN_REPS
-    from flashcore_cli.core.console import console, progress, require_gpu
-    from flashcore_cli.check.correctness import new_seed
-    from flashcore_cli.core.records import save_record
-    from flashcore_cli.registry.variants import load_registry
-    from flashcore_cli.registry.shapes import MISSION_SHAPE, Case, parse_shape
-    from flashcore_cli.core.records import clocks
-    from flashcore_cli.measure.modes import parse_modes
-    from flashcore_cli.builder.tuned import store_tuned
-
-    (mode,) = parse_modes(mode_text, several=False)
-    reg = load_registry(registry_path)
-    variant = reg.get(name)
-    params = parse_params(param_values, variant.tune, variant.name)
-    candidates = grid(params, variant.tune.constraints)
-    shape = parse_shape(shape_text or MISSION_SHAPE)
-    reason = variant.unsupported_reason(shape.head_dim, causal, gqa=shape.gqa, seqlen_kv=shape.other_kv_len, seq_len=shape.seq_len)
-    if reason:
-        raise FlashcoreError(reason)
-    if reps < MIN_REPS:
-        raise FlashcoreError(f"--reps {reps}: at least {MIN_REPS} timed calls are needed for a median and p10/p90")
-    if warmup < 1 or timeout <= 0:
-        raise FlashcoreError("--warmup must be at least 1 and --timeout positive (seconds)")
-    arch = parse_arch(arch_text) if arch_text else parse_archs(None)[0]
-    sizes = " x ".join(f"{k} ({len(v)})" for k, v in params.items())
-    rejected = sum(bool(c.skipped) for c in candidates)
-    console.print(f"tune {variant.name}: {sizes} = {len(candidates)} combination(s), {rejected} rejected by the constraints")
-    if not dry_run:
-        require_gpu("tune")
-    with progress() as bar:
-        task = bar.add_task(f"ptxas probe on {arch}: registers, shared memory, spills", total=len(candidates) - rejected)
-        probe_limits(variant, arch, shape.head_dim, candidates, on_done=lambda c: bar.advance(task))
-    runnable = [c for c in candidates if not c.skipped]
-    console.print(f"{len(runnable)} to run on the GPU; {len(candidates) - len(runnable)} skipped")
-    if dry_run or not runnable:
-        render_ranking(candidates, variant.name, f"{shape}{' causal' if causal else ''}", None, mode)
-        if not runnable:
-            console.print("[bold red]no combination is left to run[/]")
-        return 0 if dry_run else 1
-
-    seed = new_seed()
-    case = Case(shape, causal, seed)
-    cases = tuple(c.as_dict() for c in check_cases(variant, shape, seed + 1))
-    environments, lanes = run_trials(TrialJob(str(reg.path), variant.name, arch, (), cases, case.as_dict(), reps, warmup, timeout, mode),
-                                     runnable)  # fmt: skip
-    winners = best_per_gpu(candidates)
-    record = {
-        "kind": "flashcore-tune",
-        "mode": mode,
-        "variant": variant.name,
-        "arch": arch,
-        "case": case.as_dict(),
-        "check_cases": list(cases),
-        "params": params,
-        "constraints": variant.tune.constraints,
-        "candidates": [c.as_dict() for c in candidates],
-        "winners": {gpu: c.defines for gpu, c in winners.items()},
-        **lanes,
-        "environment": next((e for e in environments if e), {}),
-        "clocks_after": clocks(),
-    }
-    saved = save_record(record, "tune", variant.name)
-    render_ranking(candidates, variant.name, case.label(), saved, mode)
-    if len({c.lane for c in runnable}) > 1:
-        console.print("trials ran on several GPUs of the host: chip-to-chip differences are part of the comparison")
-    if not winners:
-        console.print("[bold red]no combination passed its checks: nothing stored[/]")
-        return 1
-    for gpu, c in winners.items():
-        path = store_tuned(variant.name, gpu, {k: str(v) for k, v in c.defines.items()},
-                           {"median_us": c.median, "mode": mode, "case": case.as_dict(), "key": c.key, "record": str(saved)})  # fmt: skip
-        console.print(f"winner on {gpu}: [bold]{c.label}[/] ({c.median:.1f} us); stored in {path}: "
-                      f"`flashcore build/test/bench {variant.name}` on this GPU now use it")  # fmt: skip
-    return 0
-
-
 def lost_trial(lost) -> dict:
     """A trial whose lane died under it (gpus.LaneLost): CRASH with the reason."""
-    return {"status": "CRASH", "detail": lost.reason, "timing": {}, "gpu": "", "key": "", "environment": {}}
+    return {"status": CRASH, "detail": lost.reason, "timing": {}, "gpu": "", "key": "", "environment": {}}
 
 
-def run_trials(template: TrialJob, runnable: list[Candidate]) -> tuple[list[dict], dict]:
-    """One trial per candidate (the template with the candidate's defines), over every visible GPU; each
-    candidate gets its status, timing, GPU and cache key. Returns each trial's environment (GPU, driver, ...)
-    and, for the record, the GPUs, the number of lanes and the wall time of the trials."""
+def run_trials(template: TrialJob, runnable: list[Candidate], gpus: list[str] | None = None,
+               on_trial=None) -> tuple[list[dict], dict]:  # fmt: skip
+    """One trial per candidate (the template with the candidate's defines), over the GPUs (default: every visible
+    one); each candidate gets its status, timing, GPU and cache key, then on_trial(candidate) is called. Returns
+    each trial's environment (GPU, driver, ...) and, for the record, the GPUs, the number of lanes and the wall
+    time of the trials."""
     import dataclasses
     import time
 
-    from flashcore_cli.core.console import console, progress
     from flashcore_cli.measure.gpus import LaneLost, map_on_gpus, visible_gpus
-    from flashcore_cli.registry.shapes import Case
-    from flashcore_cli.measure.modes import MODES
 
     jobs = [dataclasses.replace(template, defines=tuple((k, str(v)) for k, v in c.defines.items())) for c in runnable]
-    gpus = visible_gpus() or ["0"]
-    console.print(f"trials: check {len(template.cases)} case(s), then time {Case.from_dict(template.case).label()} "
-                  f"({template.reps} samples, {MODES[template.mode].title}); {len(gpus)} GPU(s); seed {template.case['seed']}")  # fmt: skip
-    with progress() as bar:
-        task = bar.add_task(f"{len(jobs)} trial(s)", total=len(jobs))
+    gpus = gpus or visible_gpus() or ["0"]
 
-        def on_done(index, result, gpu):
-            c = runnable[index]
-            if isinstance(result, LaneLost):
-                result = lost_trial(result)
-            c.status, c.timing, c.gpu, c.key, c.detail = result["status"], result["timing"], result["gpu"], result["key"], result["detail"]
-            c.lane = gpu
-            bar.advance(task)
-            bar.console.print(f"  {c.label} (gpu {gpu}): {f'{c.median:.1f} us' if c.median else c.status}")
+    def on_done(index, result, gpu):
+        c = runnable[index]
+        if isinstance(result, LaneLost):
+            result = lost_trial(result)
+        c.status, c.timing, c.gpu, c.key, c.detail = result["status"], result["timing"], result["gpu"], result["key"], result["detail"]
+        c.lane = gpu
+        if on_trial is not None:
+            on_trial(c)
 
-        started = time.monotonic()
-        results = map_on_gpus(run_trial, jobs, gpus, on_done=on_done)
-        wall_s = time.monotonic() - started
+    started = time.monotonic()
+    results = map_on_gpus(run_trial, jobs, gpus, on_done=on_done)
+    wall_s = time.monotonic() - started
     environments = [{} if isinstance(r, LaneLost) else r.get("environment") or {} for r in results]
     return environments, {"gpus": gpus, "lanes": min(len(gpus), len(jobs)), "wall_s": round(wall_s, 3)}
 
@@ -309,29 +227,3 @@ def best_per_gpu(candidates: list[Candidate]) -> dict[str, Candidate]:
     return best
 
 
-def render_ranking(candidates: list[Candidate], variant: str, case_label: str, saved, mode: str = DEFAULT_MODE) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from flashcore_cli.core.console import console, styled
-    from flashcore_cli.measure.timing import timing_verdict
-
-    order = ranked(candidates)
-    best = order[0] if order and order[0].median else None
-    table = Table(title=f"tune {variant} at {case_label}, {mode} mode" + (f" (record: {saved})" if saved else ""))
-    for col, just in (("#", "right"), ("parameters", "left"), ("status", "left"), ("median us", "right"),
-                      ("p10-p90 us", "right"), ("vs best", "right"), ("ptxas (kernels used)", "left"), ("note", "left")):  # fmt: skip
-        table.add_column(col, justify=just, overflow="fold")
-    for rank, c in enumerate(order, 1):
-        if c.median:
-            same = best is not c and timing_verdict(best.timing, c.timing).word == "same"
-            vs = f"{c.median / best.median:.2f}x" + (" (same)" if same else "")
-            table.add_row(str(rank), c.label, styled("OK"), f"{c.median:.1f}", f"{c.timing['p10_us']:.1f}-{c.timing['p90_us']:.1f}",
-                          vs, c.resources, f"gpu {c.lane}")  # fmt: skip
-        else:
-            status = styled(c.status) if c.status else "[dim]skipped[/]" if c.skipped else "[dim]to run[/]"
-            note = c.skipped or (c.detail.splitlines()[0][:120] if c.detail else "")
-            table.add_row("-", c.label, status, "-", "-", "-", c.resources, escape(note))
-    console.print(table)
-    if best:
-        console.print("vs best: this median / the best median; (same): within the two runs' p10-p90 spread (compare's rule)")

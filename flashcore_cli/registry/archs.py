@@ -8,11 +8,10 @@ in the registry (registry.Variant.target_arch picks what to compile for).
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass
 
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.gpu import first_gpu
 
 
 @dataclass(frozen=True)
@@ -67,22 +66,19 @@ def parse_archs(text: str | None) -> list[str]:
     return list(dict.fromkeys(archs))
 
 
+def target_arch(text: str | None) -> str:
+    """--arch of a command that targets one arch: the arch given, else the GPU's (default_arch)."""
+    return parse_arch(text) if text else default_arch()
+
+
 def default_arch() -> str:
-    """The arch of GPU 0 when there is one (read through nvidia-smi: no torch, no CUDA context), else sm_90."""
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run(
-                [smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
-            ).stdout.split()
-            if out:
-                major, minor = out[0].split(".")
-                arch = f"sm_{major}{minor}"
-                if arch in ARCHS:
-                    return arch
-        except (OSError, subprocess.SubprocessError, ValueError):
-            pass
-    return DEFAULT_ARCH
+    """The arch of GPU 0 when there is one (core/gpu.py: no torch, no CUDA context), else sm_90."""
+    try:
+        major, minor = first_gpu("compute_cap").get("compute_cap", "").split(".")
+    except ValueError:
+        return DEFAULT_ARCH
+    arch = f"sm_{major}{minor}"
+    return arch if arch in ARCHS else DEFAULT_ARCH
 
 
 def arch_number(arch: str) -> str:

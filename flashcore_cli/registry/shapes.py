@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
+from flashcore_cli.core.dtypes import ALIASES, DEFAULT_DTYPE, DTYPES
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.passes import DEFAULT_PASS, PASSES
 
 MISSION_SHAPE = "1,8,512,64"
 
@@ -65,22 +67,18 @@ class Shape:
 #   "uniform"  every key row the same: all scores of a row are equal, uniform rows.
 INPUT_KINDS = ("randn", "large", "one-hot", "uniform")
 
-# The element types of q, k, v (and the output), by the names the registry's `dtypes:` and --dtype use.
-DTYPES = ("fp16", "bf16")
-
-
 @dataclass(frozen=True)
 class Case:
     shape: Shape
     causal: bool
     seed: int
     inputs: str = "randn"
-    dtype: str = "fp16"  # DTYPES
+    dtype: str = DEFAULT_DTYPE  # DTYPES
     grads: bool = False  # check dq, dk, dv too (variants with a backward)
 
     def label(self) -> str:
         inputs = "" if self.inputs == "randn" else " " + self.inputs
-        return (f"{self.shape}{' causal' if self.causal else ''}{inputs}{'' if self.dtype == 'fp16' else ' ' + self.dtype}"
+        return (f"{self.shape}{' causal' if self.causal else ''}{inputs}{'' if self.dtype == DEFAULT_DTYPE else ' ' + self.dtype}"
                 f"{' +grads' if self.grads else ''}")  # fmt: skip
 
     def as_dict(self) -> dict:
@@ -88,7 +86,7 @@ class Case:
         d = {"shape": str(self.shape), "causal": self.causal, "seed": self.seed}
         if self.inputs != "randn":
             d["inputs"] = self.inputs
-        if self.dtype != "fp16":
+        if self.dtype != DEFAULT_DTYPE:
             d["dtype"] = self.dtype
         if self.grads:
             d["grads"] = True
@@ -97,7 +95,7 @@ class Case:
     @classmethod
     def from_dict(cls, d: dict) -> "Case":
         return cls(parse_shape(d["shape"]), bool(d["causal"]), int(d["seed"]), str(d.get("inputs", "randn")),
-                   str(d.get("dtype", "fp16")), bool(d.get("grads", False)))  # fmt: skip
+                   str(d.get("dtype", DEFAULT_DTYPE)), bool(d.get("grads", False)))  # fmt: skip
 
     def needs(self) -> dict:
         """What of a variant this case needs beyond head dim, causal and dtype (Variant.unsupported_reason)."""
@@ -107,7 +105,7 @@ class Case:
 
 def parse_dtype(text: str) -> str:
     """--dtype: one of DTYPES (fp16, bf16); also accepts torch's names float16 / bfloat16."""
-    value = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16"}.get(str(text).strip().lower(), str(text).strip().lower())
+    value = ALIASES.get(str(text).strip().lower(), str(text).strip().lower())
     if value not in DTYPES:
         raise FlashcoreError(f"bad --dtype '{text}': expected one of {', '.join(DTYPES)}")
     return value
@@ -198,7 +196,7 @@ EXTREME_GQA_SHAPES = [
 ]
 
 
-def default_cases(head_dims, base_seed: int, dtype: str = "fp16") -> list[Case]:
+def default_cases(head_dims, base_seed: int, dtype: str = DEFAULT_DTYPE) -> list[Case]:
     cases = expand_cases([Shape(b, h, s, d) for d in head_dims for (b, h, s) in DEFAULT_SHAPES], base_seed, dtype=dtype)
     for d in head_dims:
         for inputs, (b, h, s) in EXTREME_SHAPES:
@@ -213,7 +211,7 @@ def default_cases(head_dims, base_seed: int, dtype: str = "fp16") -> list[Case]:
     return cases
 
 
-def expand_cases(shapes: list[Shape], base_seed: int, causal_modes=(False, True), dtype: str = "fp16") -> list[Case]:
+def expand_cases(shapes: list[Shape], base_seed: int, causal_modes=(False, True), dtype: str = DEFAULT_DTYPE) -> list[Case]:
     cases = []
     for shape in shapes:
         for causal in causal_modes:
@@ -242,10 +240,8 @@ def attention_flops(shape: Shape, causal: bool) -> float:
     return 4.0 * shape.batch * shape.heads * shape.head_dim * visible_pairs(shape, causal)
 
 
-# What a timed call does (bench --pass): the forward, the backward (from a saved forward), or both. FLOPs of a
-# backward are 2.5 x the forward's (FlashAttention's convention: five matmuls against two, one of them the
-# recomputed S).
-PASSES = ("fwd", "bwd", "fwd+bwd")
+# FLOPs of a pass (core/passes.py): a backward's are 2.5 x the forward's (FlashAttention's convention: five
+# matmuls against two, one of them the recomputed S).
 PASS_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 
 
@@ -256,11 +252,11 @@ def parse_pass(text: str) -> str:
     return value
 
 
-def pass_flops(shape: Shape, causal: bool, passes: str = "fwd") -> float:
+def pass_flops(shape: Shape, causal: bool, passes: str = DEFAULT_PASS) -> float:
     return attention_flops(shape, causal) * PASS_FLOP_FACTOR[passes]
 
 
-def pass_bytes(shape: Shape, passes: str = "fwd") -> float:
+def pass_bytes(shape: Shape, passes: str = DEFAULT_PASS) -> float:
     """The bytes a pass must move at the least (16-bit elements): the forward reads Q, K, V and writes O; the
     backward reads Q, K, V, O, dO and writes dQ, dK, dV; both, the sum."""
     q = shape.batch * shape.heads * shape.seq_len * shape.head_dim

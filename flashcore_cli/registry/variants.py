@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flashcore_cli.registry.archs import ARCH_SPECIFIC, TARGETS, gpu_arch
+from flashcore_cli.core.dtypes import DEFAULT_DTYPE, DTYPES
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.core.paths import INSTALL_ROOT, INSTALLED_KERNELS, INSTALLED_REGISTRY, REGISTRY_FILE
 
@@ -33,9 +34,8 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SOURCE_SUFFIXES = {".cu", ".cuh", ".cpp", ".h"}
 _REQUIRED = {"name", "sources", "summary", "head_dims", "causal"}
 _OPTIONAL = {"aliases", "flags", "defines", "notes", "tune", "archs", "dtypes", "features", "max_seq_len"}
-# The element types a variant may declare (`dtypes:`), by the name users type; fp16 is the default.
-DTYPES = ("fp16", "bf16")
-DEFAULT_DTYPES = ("fp16",)
+# The element types a variant may declare (`dtypes:`): core/dtypes.py's DTYPES; fp16 is the default.
+DEFAULT_DTYPES = (DEFAULT_DTYPE,)
 # What a variant may support beyond forward [B, H, S, D] attention (`features:`), by name, with the bit of
 # flashcore_features() (kernels/flashcore.h) each one is: the kernel declares the same, and the probe checks.
 FEATURES = {
@@ -117,7 +117,7 @@ class Variant:
     def feature_mask(self) -> int:
         return sum(FEATURES[f] for f in self.features)
 
-    def unsupported_reason(self, head_dim: int, causal: bool, arch: str | None = None, dtype: str = "fp16", *,
+    def unsupported_reason(self, head_dim: int, causal: bool, arch: str | None = None, dtype: str = DEFAULT_DTYPE, *,
                            gqa: bool = False, seqlen_kv: bool = False, backward: bool = False,
                            seq_len: int | None = None) -> str | None:  # fmt: skip
         """Why this variant cannot run a case (on a GPU of `arch`, when given; in `dtype`; with fewer key/value

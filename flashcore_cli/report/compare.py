@@ -33,15 +33,14 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from flashcore_cli.core.dtypes import DEFAULT_DTYPE, DTYPES
 from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.passes import DEFAULT_PASS, PASSES  # each pass of a case is a section of its own
+from flashcore_cli.core.statuses import OK
 from flashcore_cli.measure.modes import OLD_RECORD_MODE
 from flashcore_cli.measure.timing import DEFAULT_THRESHOLD, Verdict, timing_verdict
 
 DEFAULT_MODE = OLD_RECORD_MODE  # records written before bench had modes were all cold-L2 timings
-DEFAULT_DTYPE = "fp16"  # records written before bf16 were fp16
-DEFAULT_PASS = "fwd"  # records written before bench --pass timed the forward
-DTYPES = ("fp16", "bf16")
-PASSES = ("fwd", "bwd", "fwd+bwd")  # registry.shapes.PASSES; each pass of a case is a section of its own
 BENCH_KIND = "flashcore-bench"
 TIMING_KEYS = ("median_us", "p10_us", "p90_us")
 RESULTS_KIND = "flashcore-results"
@@ -78,9 +77,9 @@ def row_verdict(a: dict, b: dict, threshold: float = DEFAULT_THRESHOLD) -> Verdi
     timed_a, timed_b = bool(a.get("median_us")), bool(b.get("median_us"))
     if timed_a and timed_b:
         return timing_verdict(a, b, threshold)
-    if a.get("status") == "OK" and b.get("status") != "OK":
+    if a.get("status") == OK and b.get("status") != OK:
         return Verdict("broken", regression=True)
-    if b.get("status") == "OK" and a.get("status") != "OK":
+    if b.get("status") == OK and a.get("status") != OK:
         return Verdict("fixed")
     return Verdict("not timed")
 
@@ -328,56 +327,3 @@ def compare(a: dict, b: dict, threshold: float = DEFAULT_THRESHOLD) -> list[tupl
     return out
 
 
-def run_compare(path_a: str, path_b: str, threshold: float, mode: str | None = None) -> int:
-    from rich.table import Table
-
-    from flashcore_cli.core.console import console, err_console
-
-    if not 0 <= threshold < 1:
-        raise FlashcoreError(f"--threshold {threshold}: give a fraction between 0 and 1 (0.05 is 5%)")
-    a, b = load_pair(path_a, path_b, mode)
-    if record_mode(a) != record_mode(b):
-        raise FlashcoreError(
-            f"{path_a} was timed in {record_mode(a)} mode and {path_b} in {record_mode(b)} mode: times in different "
-            "modes measure different things; compare two records of the same mode"
-        )
-    pass_a, pass_b = a.get("pass", DEFAULT_PASS), b.get("pass", DEFAULT_PASS)
-    if not (is_results_file(a) or is_results_file(b)) and pass_a != pass_b:
-        raise FlashcoreError(f"{path_a} timed the {pass_a} pass and {path_b} the {pass_b} pass: compare two records of one pass")
-    results = compare(a, b, threshold)
-    if not any(v is not None for *_, v in results):
-        raise FlashcoreError(f"{path_a} and {path_b} have no row in common (same name, shape and causal); nothing to compare")
-    for note in warnings_for(a, b):
-        err_console.print(f"[yellow]warning:[/] {note}")
-    table = Table(title=f"A = {path_a}\nB = {path_b}\n{record_mode(a)} mode")
-    for col, just in (("name", "left"), ("case", "left"), ("A median (p10-p90) us", "right"),
-                      ("B median (p10-p90) us", "right"), ("change", "right"), ("verdict", "left")):  # fmt: skip
-        table.add_column(col, justify=just, overflow="fold")
-    style = {"same": "dim", "faster": "green", "slower": "yellow", "broken": "bold red", "fixed": "green"}
-    regressions = 0
-    for (name, shape, causal), ra, rb, verdict in results:
-        case = f"{shape}{' causal' if causal else ''}"
-        if verdict is None:
-            table.add_row(name, case, _cell(ra), _cell(rb), "", f"[dim]only in {'A' if ra else 'B'}[/]")
-            continue
-        change = f"{(rb['median_us'] / ra['median_us'] - 1) * 100:+.1f}%" if ra.get("median_us") and rb.get("median_us") else ""
-        color = "bold red" if verdict.regression else style.get(verdict.word, "white")
-        table.add_row(name, case, _cell(ra), _cell(rb), change, f"[{color}]{verdict.text()}[/]")
-        regressions += verdict.regression
-    console.print(table)
-    console.print(
-        f"same: {SAME_RULE}; regression: slower beyond that and by more than {threshold:.0%}, or OK in A and failing in B"
-    )
-    if regressions:
-        console.print(f"[bold red]{regressions} regression(s)[/]")
-        return 1
-    console.print("[green]no regression[/]")
-    return 0
-
-
-def _cell(row: dict | None) -> str:
-    if row is None:
-        return "-"
-    if row.get("median_us"):
-        return f"{row['median_us']:.1f} ({row['p10_us']:.1f}-{row['p90_us']:.1f})"
-    return row.get("status", "?")

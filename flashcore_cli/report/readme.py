@@ -25,14 +25,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from flashcore_cli.core.errors import EXIT_CHECK_FAILED, FlashcoreError
+from flashcore_cli.core.dtypes import DEFAULT_DTYPE, DTYPES
+from flashcore_cli.core.errors import FlashcoreError
+from flashcore_cli.core.passes import DEFAULT_PASS, PASSES
+from flashcore_cli.core.statuses import OK
 from flashcore_cli.report.compare import (  # the records' kinds and defaults, and reading a record's sections
     BENCH_KIND,
-    DEFAULT_DTYPE,
     DEFAULT_MODE,
-    DEFAULT_PASS,
-    DTYPES,
-    PASSES,
     RESULTS_KIND,
     Section,
     read_json_record,
@@ -154,7 +153,7 @@ def bench_table(s: Section, source: str) -> list[str]:
     rows = []
     for r in s.rows:
         if r.get("median_us"):
-            rows.append([r["name"], r.get("status", "OK"), us(r["median_us"]), f"{us(r['p10_us'])}-{us(r['p90_us'])}",
+            rows.append([r["name"], r.get("status", OK), us(r["median_us"]), f"{us(r['p10_us'])}-{us(r['p90_us'])}",
                          f"{r.get('tflops', 0):.1f}", speedup(r), r.get("kind", "")])  # fmt: skip
         else:
             rows.append([r["name"], r.get("status", "?"), "-", "-", "-", "-", (r.get("detail") or "").strip().split("\n")[0][:100]])
@@ -424,20 +423,21 @@ def render_ladder(region: Region, chosen: list[Section], source: str, png: Path)
     ]
 
 
-# ---------------------------------------------------------------- the commands
-def run_merge(paths: list[str], out: str) -> int:
-    from flashcore_cli.core.console import console
+# ---------------------------------------------------------------- what `flashcore report` does
+@dataclass
+class DocsUpdate:
+    """What update_docs found and did: the results file as the tables name it, the files it read, the regions
+    out of date (and, under check, a missing chart), the chart's path and whether it was drawn (None: check)."""
 
-    results = merge(paths, out)
-    sections = [s for i, r in enumerate(results["records"], 1) for s in sections_of(r, f"record {i}")]
-    console.print(f"wrote {out}: {len(results['records'])} record(s) from {results['gpu']}; "
-                  f"{', '.join(f'{s.case} {s.mode}' for s in sections)}")  # fmt: skip
-    return 0
+    source: str
+    files: list[Path]
+    stale: list[str]
+    png: Path
+    drawn: bool | None = None
 
 
-def run_readme(results_text: str, readme_text: str, ladder_text: str, check: bool) -> int:
-    from flashcore_cli.core.console import console, err_console
-
+def update_docs(results_text: str, readme_text: str, ladder_text: str, check: bool) -> DocsUpdate:
+    """Regenerate the README's tables and the ladder's chart from a results file; under check, write nothing."""
     results_path = Path(results_text)
     sections = load_results(results_path)
     source = Path(os.path.relpath(results_path.resolve())).as_posix()  # as the tables name it, however it was typed
@@ -456,18 +456,13 @@ def run_readme(results_text: str, readme_text: str, ladder_text: str, check: boo
     ]
     rewritten = [(path, *rewrite(path, opener, closer, render)) for path, opener, closer, render in files]
     stale = [f"{r.file}:{r.line} ({r.spec or 'ladder chart'})" for _, _, _, changed in rewritten for r in changed]
+    update = DocsUpdate(source, [path for path, *_ in rewritten], stale, png)
     if check:
         if not png.is_file():
             stale.append(f"{png} (the chart is missing)")
-        if stale:
-            err_console.print(f"[red]out of date with {source}:[/] {'; '.join(stale)}; regenerate with `flashcore report readme {source}`")
-            return EXIT_CHECK_FAILED
-        console.print(f"{' and '.join(str(p) for p, *_ in rewritten)} match {source}")
-        return 0
+        return update
     for path, old, new, _ in rewritten:
         if new != old:
             path.write_text(new)
-    drawn = draw_ladder(charted[0], png)
-    console.print(f"{len(stale)} region(s) rewritten from {source}" + (f": {'; '.join(stale)}" if stale else ""))
-    console.print(f"chart: {png}" if drawn else f"[yellow]matplotlib is not installed: {png} was not drawn (pip install matplotlib)[/]")
-    return 0
+    update.drawn = draw_ladder(charted[0], png)
+    return update

@@ -1,0 +1,103 @@
+"""How every command ends: handle_errors gives each outcome its exit code (core/errors.py lists them): a
+FlashcoreError is one line and its code (2: bad input), an unexpected exception one line and the path of a
+log holding its traceback (3), Ctrl-C 130. It also refuses empty option values and resolves the registry a
+command uses."""
+
+from __future__ import annotations
+
+import functools
+
+import typer
+
+from flashcore_cli.core.errors import EXIT_INTERNAL_ERROR, EXIT_INTERRUPTED, FlashcoreError
+
+
+def handle_errors(fn):
+    """Run a command and turn every outcome into its exit code: user-facing errors print one clear message (no
+    traceback) and exit with their code (2: bad input); anything unexpected prints one line and the path of a
+    log with the traceback, and exits 3; Ctrl-C exits 130. A command that takes `ctx` uses a registry: it is
+    resolved here, with one dim line saying which when it is not the installed project's."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from rich.markup import escape
+
+        try:
+            _refuse_empty_values(fn, kwargs)
+            if "ctx" in kwargs:
+                _resolve_registry(kwargs["ctx"])
+            code = fn(*args, **kwargs)
+        except FlashcoreError as exc:
+            from flashcore_cli.core.console import err_console
+
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            from flashcore_cli.core.console import err_console
+
+            err_console.print("[yellow]interrupted[/]")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as exc:
+            from flashcore_cli.core.console import err_console
+            from flashcore_cli.core.records import write_crash_log
+
+            log = write_crash_log(exc)
+            message = (str(exc).strip().splitlines() or [""])[0][:300]
+            err_console.print(
+                f"[bold red]internal error:[/] {escape(type(exc).__name__)}{': ' + escape(message) if message else ''} "
+                f"(a bug in flashcore; the traceback is in {escape(log)})",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(EXIT_INTERNAL_ERROR) from None
+        raise typer.Exit(code or 0)
+
+    return wrapper
+
+
+def _refuse_empty_values(fn, values: dict) -> None:
+    """An option or argument given as '' is a mistake (`--shape ""` from an unset shell variable), never a
+    request for the default."""
+    for name, value in values.items():
+        if any(isinstance(v, str) and not v.strip() for v in (value if isinstance(value, (list, tuple)) else [value])):
+            label = _option_name(fn, name)
+            if label:
+                raise FlashcoreError(f"{label} is empty: give it a value, or leave the option out for its default")
+            raise FlashcoreError(f"the {name.rstrip('_').upper()} argument is empty")
+
+
+def _option_name(fn, parameter: str) -> str | None:
+    """'--json' for the parameter json_path of a command (its typer.Option's first flag); None for an argument."""
+    import typing
+
+    try:
+        hint = typing.get_type_hints(fn, include_extras=True).get(parameter)
+    except Exception:  # an annotation that cannot be resolved: fall back on the parameter's name
+        return "--" + parameter.rstrip("_").replace("_", "-")
+    for info in typing.get_args(hint)[1:]:
+        if isinstance(info, typer.models.OptionInfo):
+            # Annotated[..., typer.Option("--json", ...)]: the first flag is stored as the default
+            flags = [d for d in (info.default, *(info.param_decls or ())) if isinstance(d, str) and d.startswith("--")]
+            return flags[0] if flags else "--" + parameter.rstrip("_").replace("_", "-")
+    return None
+
+
+def _resolve_registry(ctx: typer.Context) -> None:
+    """--registry, $FLASHCORE_REGISTRY, a variants.yaml here or above, the installed one (registry.py)."""
+    from flashcore_cli.registry.variants import REGISTRY_ENV, resolve_registry
+
+    obj = ctx.find_root().obj
+    if not isinstance(obj, dict) or "registry" in obj:
+        return
+    choice = resolve_registry(obj.get("registry_option"))
+    obj["registry"] = str(choice.path)
+    if not choice.is_installed:
+        from rich.markup import escape
+
+        from flashcore_cli.core.console import err_console
+
+        how = {"--registry": "given by --registry", REGISTRY_ENV: f"from ${REGISTRY_ENV}"}.get(choice.source, "found from the current directory")
+        err_console.print(f"[dim]registry: {escape(str(choice.path))} ({how})[/]", highlight=False, soft_wrap=True)
+
