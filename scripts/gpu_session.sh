@@ -118,7 +118,7 @@ v12pair() {  # issue 30's six rows, v12 timed in turn with cuDNN's (--pair sdpa-
 v12_registry() {  # v12_registry FILE NAME DEFINES SUMMARY: variants.yaml (paths from out/) plus v12 built with DEFINES
   mkdir -p out
   { sed 's#\(kernels/[A-Za-z0-9_]*\.cu\)#../\1#g' variants.yaml
-    printf '  - name: %s\n    sources: [../kernels/v12.cu, ../kernels/v12_bwd.cu]\n    defines: {%s}\n' "$2" "$3"
+    printf '  - name: %s\n    sources: [../kernels/sm90/v12.cu, ../kernels/sm90/v12_bwd.cu]\n    defines: {%s}\n' "$2" "$3"
     printf '    archs: [sm_90a]\n    dtypes: [fp16, bf16]\n    features: [gqa, seqlen_kv, lse, backward]\n'
     printf '    summary: "%s"\n    head_dims: [64, 128]\n    causal: true\n' "$4"; } >"$1"
 }
@@ -145,7 +145,7 @@ gputests() {  # the gpu-marked pytest suite
 }
 
 loop() {  # the edit loop: its gpu tests (binding built once, edit/revert, two builders at once, watch's steps), then
-  # the issue's timings table, three runs (scripts/loop_timings.sh restores kernels/v11.cu itself)
+  # the issue's timings table, three runs (scripts/loop_timings.sh restores kernels/sm80/v11.cu itself)
   step loop-gpu-tests python3 -m pytest -q -m gpu tests/test_loop_gpu.py
   step loop-timings env LOGS="$LOGS/loop-timings" bash scripts/loop_timings.sh
 }

@@ -12,7 +12,7 @@ one-thread kernel launched after the main kernel (when V12_PROF_PRINT is set) pr
 A trailing c makes a shape causal. The instrumented kernel runs 7-8% slower than v12: each boundary is a
 read-modify-write of shared memory, whose latency lands in the phase after it. Compare phases between builds
 measured the same way, not as absolute times (docs/results/v12-bwd-phase-clocks-2026-11-27.txt). The copy is made
-by inserting code at named places in mainloop_bwd_sm90.cuh, producer_bwd_sm90.cuh, bwd_dq_sm90.cuh and v12_bwd.cu;
+by inserting code at named places in sm90/mainloop_bwd_sm90.cuh, sm90/producer_bwd_sm90.cuh, sm90/bwd_dq_sm90.cuh and sm90/v12_bwd.cu;
 when one of them has changed, the script stops and prints the text it could not find."""
 
 import argparse
@@ -48,7 +48,7 @@ def make(root: str) -> None:
 
     entry = next(e for e in yaml.safe_load((REPO / "variants.yaml").read_text())["variants"] if e["name"] == "v12")
     entry = {k: v for k, v in entry.items() if k not in ("aliases", "notes")}
-    entry.update(name="v12phases", sources=[f"kernels/{Path(src).name}" for src in entry["sources"]],
+    entry.update(name="v12phases", sources=list(entry["sources"]),
                  summary="v12 with clock reads at each phase of its backward's step (scripts/v12_bwd_phases.py)")
     with open(os.path.join(root, "registry.yaml"), "w") as f:
         yaml.safe_dump({"variants": [entry]}, f, sort_keys=False, width=1000)
@@ -74,7 +74,7 @@ __global__ void prof_print() {
   }
 }
 '''
-    p = open(f"{dst}/producer_bwd_sm90.cuh").read()
+    p = open(f"{dst}/sm90/producer_bwd_sm90.cuh").read()
     p = sub(p, '__device__ __forceinline__ unsigned char* v12_bwd_smem()', hdr + '\n__device__ __forceinline__ unsigned char* v12_bwd_smem()')
     p = sub(p, '''      fc::mbarrier_wait_parity(&bars.empty[s], ((it >> 1) & 1) ^ 1);''', '''      { const unsigned _a = prof_clock();
       fc::mbarrier_wait_parity(&bars.empty[s], ((it >> 1) & 1) ^ 1);
@@ -82,8 +82,8 @@ __global__ void prof_print() {
     p = sub(p, '''    fc::mbarrier_wait_parity(&bars.kv_empty, (round & 1) ^ 1);''', '''    { const unsigned _a = prof_clock();
     fc::mbarrier_wait_parity(&bars.kv_empty, (round & 1) ^ 1);
     s_prof()[2 * PROF_N + 1] += prof_clock() - _a; }''')
-    open(f"{dst}/producer_bwd_sm90.cuh", "w").write(p)
-    d = open(f"{dst}/bwd_dq_sm90.cuh").read()
+    open(f"{dst}/sm90/producer_bwd_sm90.cuh", "w").write(p)
+    d = open(f"{dst}/sm90/bwd_dq_sm90.cuh").read()
     d = sub(d, '''        if (leader) fc::tma_store_wait_read<0>();''', '''        { const unsigned _a = prof_clock();
         if (leader) fc::tma_store_wait_read<0>();
         if (leader) s_prof()[2 * PROF_N + 2] += prof_clock() - _a; }''')
@@ -92,8 +92,8 @@ __global__ void prof_print() {
         fc::named_barrier_sync(kDqFull + g, fc::kWarpgroupThreads + 32);
         if (leader) s_prof()[2 * PROF_N + 3 + g] += prof_clock() - _a; }
         if (leader) reduce_add_dq_tile<Cfg>(maps, smem, g, m0, bh);''')
-    open(f"{dst}/bwd_dq_sm90.cuh", "w").write(d)
-    m = open(f"{dst}/mainloop_bwd_sm90.cuh").read()
+    open(f"{dst}/sm90/bwd_dq_sm90.cuh", "w").write(d)
+    m = open(f"{dst}/sm90/mainloop_bwd_sm90.cuh").read()
     m = sub(m, '''  int it = 0;
   BwdTile tile;
   for (int round = 0; bwd_take_tile<Cfg>(p, round, tile); ++round) {''', '''  int it = 0;
@@ -175,14 +175,14 @@ __global__ void prof_print() {
   }
   __syncthreads();''')
     m = sub(m, '''    if (V12_BWD_DQ_WARP != 0 && threadIdx.x / 32 == 1) bwd_dq_writer<Cfg>(b, maps);''', '''    if (V12_BWD_DQ_WARP != 0 && threadIdx.x / 32 == 1) { bwd_dq_writer<Cfg>(b, maps); if (threadIdx.x % 32 == 0) prof_flush<Cfg>(2); }''')
-    open(f"{dst}/mainloop_bwd_sm90.cuh", "w").write(m)
-    v = open(f"{dst}/v12_bwd.cu").read()
+    open(f"{dst}/sm90/mainloop_bwd_sm90.cuh", "w").write(m)
+    v = open(f"{dst}/sm90/v12_bwd.cu").read()
     v = sub(v, '''  kernel<<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(b, w, maps);
   if (const char* err = fc::launch_status()) return err;''', '''  kernel<<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(b, w, maps);
   if (const char* err = fc::launch_status()) return err;
   if (getenv("V12_PROF_PRINT")) prof_print<<<1, 1, 0, stream>>>();''')
     v = sub(v, '#include <cstdio>', '#include <cstdio>\n#include <cstdlib>')
-    open(f"{dst}/v12_bwd.cu", "w").write(v)
+    open(f"{dst}/sm90/v12_bwd.cu", "w").write(v)
 
 
 def table(rows: dict[int, list[int]]) -> str:

@@ -14,12 +14,12 @@ REGISTRY = """\
 # A registry with comments that must survive the scaffold.
 variants:
   - name: baseline   # rung 0
-    sources: [kernels/baseline.cu]
+    sources: [kernels/ladder/baseline.cu]
     summary: "Scalar baseline"
     head_dims: [64, 128]
     causal: true
   - name: tunable
-    sources: [kernels/baseline.cu]
+    sources: [kernels/ladder/baseline.cu]
     flags: ["-Xptxas=-O3"]
     defines: {UNUSED_A: 1}
     summary: "With flags, defines and a tune block"
@@ -37,7 +37,8 @@ def project(tmp_path):
     (tmp_path / "pyproject.toml").write_text("")
     kernels = tmp_path / "kernels"
     kernels.mkdir()
-    for name in ("flashcore.h", "flashcore_defaults.h", "baseline.cu", "binding.cpp"):
+    for name in ("flashcore.h", "flashcore_defaults.h", "ladder/baseline.cu", "binding.cpp"):
+        (kernels / name).parent.mkdir(exist_ok=True)
         shutil.copy(REPO / "kernels" / name, kernels / name)
     (tmp_path / "variants.yaml").write_text(REGISTRY)
     return tmp_path
@@ -92,7 +93,7 @@ def test_refusals_are_exit_2_and_change_nothing(project, args, needle):
     result = new(project, *args)
     assert result.exit_code == 2 and needle in result.output
     assert (project / "variants.yaml").read_text() == before
-    assert sorted(p.name for p in (project / "kernels").iterdir()) == ["baseline.cu", "binding.cpp", "flashcore.h", "flashcore_defaults.h"]
+    assert sorted(p.name for p in (project / "kernels").iterdir()) == ["binding.cpp", "flashcore.h", "flashcore_defaults.h", "ladder"]
 
 
 def test_an_existing_kernel_file_is_refused(project):

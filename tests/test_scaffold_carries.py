@@ -17,7 +17,7 @@ REGISTRY = """\
 variants:
   - name: hopper   # an sm_90a-only rung in the shape of v12
     aliases: [h]
-    sources: [kernels/v12.cu, kernels/v12_bwd.cu]
+    sources: [kernels/sm90/v12.cu, kernels/sm90/v12_bwd.cu]
     archs: [sm_90a]
     dtypes: [fp16, bf16]
     features: [gqa, seqlen_kv, lse, backward]
@@ -26,7 +26,7 @@ variants:
     causal: true
     notes: "the original's notes"
   - name: everything
-    sources: [kernels/baseline.cu]
+    sources: [kernels/ladder/baseline.cu]
     flags: ["-Xptxas=-O3"]
     defines: {UNUSED_A: 1, UNUSED_S: "a b"}
     summary: "every defining key"
@@ -91,7 +91,7 @@ def test_a_name_too_long_for_a_file_is_one_line(project):
 
 def test_a_source_that_is_not_utf8_is_one_line(project):
     source = project / "kernels" / "latin.cu"
-    source.write_bytes((REPO / "kernels" / "baseline.cu").read_bytes() + "// caf\u00e9\n".encode("latin-1"))
+    source.write_bytes((REPO / "kernels" / "ladder" / "baseline.cu").read_bytes() + "// caf\u00e9\n".encode("latin-1"))
     with open(project / "variants.yaml", "a") as f:
         f.write('  - name: latin\n    sources: [kernels/latin.cu]\n    summary: "x"\n    head_dims: [64, 128]\n    causal: true\n')
     before = (project / "variants.yaml").read_text()

@@ -90,9 +90,10 @@ def object_key(variant: Variant, source: Path, nvcc_flags: list[str]) -> str:
     """The key of one source's object (objects.py): that source and the headers it reaches, nvcc's whole
     command line but the file names (flags, defines, arch), and nvcc. No torch: the kernels do not include it."""
     files = source_closure([source], [variant.kernels_dir])
+    kernels_dir = variant.kernels_dir.resolve()
     return _digest({
         "source": source.name,
-        "files": {f.name if f.is_relative_to(variant.kernels_dir.resolve()) else str(f): _sha256(f) for f in files},
+        "files": {str(f.relative_to(kernels_dir)) if f.is_relative_to(kernels_dir) else str(f): _sha256(f) for f in files},
         "flags": list(nvcc_flags),
         "nvcc": nvcc_version(),
         "format": OBJECT_FORMAT,
