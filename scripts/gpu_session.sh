@@ -117,7 +117,7 @@ v12pair() {  # issue 30's six rows, v12 timed in turn with cuDNN's (--pair sdpa-
 
 v12_registry() {  # v12_registry FILE NAME DEFINES SUMMARY: variants.yaml (paths from out/) plus v12 built with DEFINES
   mkdir -p out
-  { sed 's#\(kernels/[A-Za-z0-9_]*\.cu\)#../\1#g' variants.yaml
+  { sed 's#\(kernels/[A-Za-z0-9_/]*\.cu\)#../\1#g' variants.yaml
     printf '  - name: %s\n    sources: [../kernels/sm90/v12.cu, ../kernels/sm90/v12_bwd.cu]\n    defines: {%s}\n' "$2" "$3"
     printf '    archs: [sm_90a]\n    dtypes: [fp16, bf16]\n    features: [gqa, seqlen_kv, lse, backward]\n'
     printf '    summary: "%s"\n    head_dims: [64, 128]\n    causal: true\n' "$4"; } >"$1"

@@ -134,22 +134,13 @@ const char* launch_bwd_dq(const FlashcoreBackwardParams& b, const Workspace& w, 
   return fc::launch_status();
 }
 
-// The element type as kernel names spell it (c++filt), and the two passes' plan entries.
-template <class T>
-constexpr const char* bwd_type_name() {
-  return std::is_same_v<T, __half> ? "__half" : "__nv_bfloat16";
-}
-
+// The two passes' plan entries.
 template <int kHeadDim, class T>
 FlashcoreKernelPlan bwd_prep_plan() {
-  static char name[64];
-  snprintf(name, sizeof(name), "bwd_prep<%d, %s>", kHeadDim, bwd_type_name<T>());
-  return {name, 256, 0};
+  return {FC_PLAN_NAME(bwd_prep, kHeadDim, fc::type_name<T>()), 256, 0};
 }
 
 template <class T>
 FlashcoreKernelPlan bwd_dq_plan() {
-  static char name[64];
-  snprintf(name, sizeof(name), "bwd_dq<%s>", bwd_type_name<T>());
-  return {name, 256, 0};
+  return {FC_PLAN_NAME(bwd_dq, fc::type_name<T>()), 256, 0};
 }

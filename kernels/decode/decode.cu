@@ -350,23 +350,15 @@ size_t flashcore_forward_workspace(const FlashcoreParams& p) {
   }
 }
 
-// The plan's kernel names as c++filt prints them, e.g. "decode_split_kv<128, __half>".
-template <class T>
-static const char* element_name() {
-  return std::is_same_v<T, __nv_bfloat16> ? "__nv_bfloat16" : "__half";
-}
-
 template <int kHeadDim, class T>
 static int plan_of(FlashcoreKernelPlan* out) {
   using Cfg = DecodeConfig<kHeadDim>;
-  static char split[64], split_tma[64], combine[64];
-  snprintf(split, sizeof(split), "decode_split_kv<%d, %s>", kHeadDim, element_name<T>());
-  snprintf(split_tma, sizeof(split_tma), "decode_split_kv_tma<%d, %s>", kHeadDim, element_name<T>());
-  snprintf(combine, sizeof(combine), "decode_combine<%d, %s>", kHeadDim, element_name<T>());
   int count = 0;
-  out[count++] = {split, Cfg::kThreads, Cfg::kSmemBytes};
-  if (fc::kBuildsSm90) out[count++] = {split_tma, Cfg::kThreads, Cfg::kSmemBytes};
-  out[count++] = {combine, fc::decode::kCombineThreads, 0};
+  out[count++] = {FC_PLAN_NAME(decode_split_kv, kHeadDim, fc::type_name<T>()), Cfg::kThreads, Cfg::kSmemBytes};
+  if (fc::kBuildsSm90) {
+    out[count++] = {FC_PLAN_NAME(decode_split_kv_tma, kHeadDim, fc::type_name<T>()), Cfg::kThreads, Cfg::kSmemBytes};
+  }
+  out[count++] = {FC_PLAN_NAME(decode_combine, kHeadDim, fc::type_name<T>()), fc::decode::kCombineThreads, 0};
   return count;
 }
 

@@ -135,8 +135,8 @@ static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
 
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
   if (max_plans < 1) return 0;
-  if (head_dim == 64) plans[0] = {"baseline_fwd<64>", kBlockM * threads_per_row<64>(), 0};
-  else if (head_dim == 128) plans[0] = {"baseline_fwd<128>", kBlockM * threads_per_row<128>(), 0};
+  if (head_dim == 64) plans[0] = {FC_PLAN_NAME(baseline_fwd, 64), kBlockM * threads_per_row<64>(), 0};
+  else if (head_dim == 128) plans[0] = {FC_PLAN_NAME(baseline_fwd, 128), kBlockM * threads_per_row<128>(), 0};
   else return 0;
   return 1;
 }

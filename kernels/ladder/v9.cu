@@ -125,11 +125,11 @@ static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
   if (max_plans < 2) return 0;
   if (head_dim == 64) {
-    plans[0] = {"v9_fwd<64, 1>", kThreads, SmemLayout<64, 1>::kBytes};
-    plans[1] = {"v9_fwd<64, 2>", kThreads, SmemLayout<64, 2>::kBytes};
+    plans[0] = {FC_PLAN_NAME(v9_fwd, 64, 1), kThreads, SmemLayout<64, 1>::kBytes};
+    plans[1] = {FC_PLAN_NAME(v9_fwd, 64, 2), kThreads, SmemLayout<64, 2>::kBytes};
   } else if (head_dim == 128) {
-    plans[0] = {"v9_fwd<128, 1>", kThreads, SmemLayout<128, 1>::kBytes};
-    plans[1] = {"v9_fwd<128, 2>", kThreads, SmemLayout<128, 2>::kBytes};
+    plans[0] = {FC_PLAN_NAME(v9_fwd, 128, 1), kThreads, SmemLayout<128, 1>::kBytes};
+    plans[1] = {FC_PLAN_NAME(v9_fwd, 128, 2), kThreads, SmemLayout<128, 2>::kBytes};
   } else {
     return 0;
   }

@@ -237,8 +237,8 @@ static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
 
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
   if (max_plans < 1) return 0;
-  if (head_dim == 64) plans[0] = {"wmma_fwd<64>", kThreads, Layout<64>::kBytes};
-  else if (head_dim == 128) plans[0] = {"wmma_fwd<128>", kThreads, Layout<128>::kBytes};
+  if (head_dim == 64) plans[0] = {FC_PLAN_NAME(wmma_fwd, 64), kThreads, Layout<64>::kBytes};
+  else if (head_dim == 128) plans[0] = {FC_PLAN_NAME(wmma_fwd, 128), kThreads, Layout<128>::kBytes};
   else return 0;
   return 1;
 }

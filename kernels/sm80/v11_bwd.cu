@@ -125,10 +125,8 @@ const char* backward_dtype(const FlashcoreBackwardParams& b, cudaStream_t stream
 
 template <class Cfg, class T>
 FlashcoreKernelPlan main_plan() {
-  static char text[96];
-  snprintf(text, sizeof(text), "v11_bwd<V11BwdConfig<%d, %d, %d, %s, %d>, %s>", Cfg::kHeadDim, Cfg::kBlockN,
-           Cfg::kBlockM, Cfg::kKvInRegs ? "true" : "false", Cfg::kWarpKeys, bwd_type_name<T>());
-  return {text, Cfg::kThreads, Cfg::kSmemBytes};
+  const char* config = FC_PLAN_NAME(V11BwdConfig, Cfg::kHeadDim, Cfg::kBlockN, Cfg::kBlockM, Cfg::kKvInRegs, Cfg::kWarpKeys);
+  return {FC_PLAN_NAME(v11_bwd, config, fc::type_name<T>()), Cfg::kThreads, Cfg::kSmemBytes};
 }
 
 // One dtype's kernels at a head dim: the prep pass, each main configuration, the dq pass.

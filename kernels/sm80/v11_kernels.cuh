@@ -60,26 +60,21 @@ static Regime pick_regime(int batch_heads, int seq_len, int long_block_m, int nu
   return long_ctas < static_cast<long long>(kSplitBelowWaves) * num_sms ? Regime::kShort : Regime::kLong;
 }
 
-// The kernel's name as c++filt prints it, for the plan (e.g. "v11_fwd<64, 128, 64, 32, 2, 1, 2>").
-template <class Cfg>
-struct KernelName {
-  char text[64];
-  explicit KernelName(const char* kernel) {
-    snprintf(text, sizeof(text), "%s<%d, %d, %d, %d, %d, %d, %d>", kernel, Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN,
-             Cfg::kWarpM, Cfg::kStages, Cfg::kSplit, Cfg::kMinBlocks);
-  }
-};
+// The kernels' names as c++filt prints them, for the plan and the fallback note (e.g. "v11_fwd<64, 128, 64, 32, 2, 1,
+// 2>": the kernel and Cfg's template arguments).
+#define V11_PLAN_NAME(kernel, Cfg) \
+  FC_PLAN_NAME(kernel, Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit, Cfg::kMinBlocks)
 
 template <class Cfg, class T>
 static const char* kernel_name() {
-  static const KernelName<Cfg> name(std::is_same_v<T, __nv_bfloat16> ? "v11_fwd_bf16" : "v11_fwd");
-  return name.text;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return V11_PLAN_NAME(v11_fwd_bf16, Cfg);
+  else return V11_PLAN_NAME(v11_fwd, Cfg);
 }
 
 template <class Cfg, class T>
 static const char* tma_kernel_name() {
-  static const KernelName<Cfg> name(std::is_same_v<T, __nv_bfloat16> ? "v11_fwd_tma_bf16" : "v11_fwd_tma");
-  return name.text;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return V11_PLAN_NAME(v11_fwd_tma_bf16, Cfg);
+  else return V11_PLAN_NAME(v11_fwd_tma, Cfg);
 }
 
 template <class Cfg, class T>

@@ -92,20 +92,26 @@ int flashcore_features() { return kFlashcoreGqa | kFlashcoreSeqLenKv | kFlashcor
 
 int v12_backward_plan(int head_dim, FlashcoreKernelPlan* plans);
 
+template <class Cfg, class T>
+static FlashcoreKernelPlan plan_of() {
+  return {FC_PLAN_NAME(v12_fwd, Cfg::kHeadDim, Cfg::kBlockN, Cfg::kConsumers, Cfg::kStages, fc::type_name<T>()),
+          Cfg::kThreads, Cfg::kSmemBytes};
+}
+
 // The forward's kernels, then the backward's (sm90/v12_bwd.cu).
 static int forward_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
   if (head_dim == 64 && max_plans >= 6) {
-    plans[0] = {"v12_fwd<64, 128, 2, 2, __half>", Cfg64::kThreads, Cfg64::kSmemBytes};
-    plans[1] = {"v12_fwd<64, 128, 3, 2, __half>", Cfg64Wide::kThreads, Cfg64Wide::kSmemBytes};
-    plans[2] = {"v12_fwd<64, 128, 1, 4, __half>", Cfg64Short::kThreads, Cfg64Short::kSmemBytes};
-    plans[3] = {"v12_fwd<64, 128, 2, 2, __nv_bfloat16>", Cfg64::kThreads, Cfg64::kSmemBytes};
-    plans[4] = {"v12_fwd<64, 128, 3, 2, __nv_bfloat16>", Cfg64Wide::kThreads, Cfg64Wide::kSmemBytes};
-    plans[5] = {"v12_fwd<64, 128, 1, 4, __nv_bfloat16>", Cfg64Short::kThreads, Cfg64Short::kSmemBytes};
+    plans[0] = plan_of<Cfg64, __half>();
+    plans[1] = plan_of<Cfg64Wide, __half>();
+    plans[2] = plan_of<Cfg64Short, __half>();
+    plans[3] = plan_of<Cfg64, __nv_bfloat16>();
+    plans[4] = plan_of<Cfg64Wide, __nv_bfloat16>();
+    plans[5] = plan_of<Cfg64Short, __nv_bfloat16>();
     return 6;
   }
   if (head_dim == 128 && max_plans >= 2) {
-    plans[0] = {"v12_fwd<128, 128, 2, 2, __half>", Cfg128::kThreads, Cfg128::kSmemBytes};
-    plans[1] = {"v12_fwd<128, 128, 2, 2, __nv_bfloat16>", Cfg128::kThreads, Cfg128::kSmemBytes};
+    plans[0] = plan_of<Cfg128, __half>();
+    plans[1] = plan_of<Cfg128, __nv_bfloat16>();
     return 2;
   }
   return 0;

@@ -134,10 +134,8 @@ const char* backward_dtype(const FlashcoreBackwardParams& b, cudaStream_t stream
 // prep, main, dq for one dtype (names as c++filt prints them)
 template <class Cfg, class T>
 int plan_dtype(FlashcoreKernelPlan* plans) {
-  static char main[64];
-  snprintf(main, sizeof(main), "v12_bwd<%d, %d, %s>", Cfg::kHeadDim, Cfg::kBlockM, bwd_type_name<T>());
   plans[0] = bwd_prep_plan<Cfg::kHeadDim, T>();
-  plans[1] = {main, Cfg::kThreads, Cfg::kSmemBytes};
+  plans[1] = {FC_PLAN_NAME(v12_bwd, Cfg::kHeadDim, Cfg::kBlockM, fc::type_name<T>()), Cfg::kThreads, Cfg::kSmemBytes};
   plans[2] = bwd_dq_plan<T>();
   return 3;
 }
