@@ -1,7 +1,7 @@
 """v12's backward, phase by phase: where each consumer warpgroup's cycles go in a step.
 
 Writes a copy of kernels/ (default out/phases/kernels) in which thread 0 of each consumer warpgroup reads %clock at
-every phase boundary of its step loop (the V12_BWD_DQ_LAG path, the default) and adds the difference to a counter
+every phase boundary of its step loop (the dQ lag's) and adds the difference to a counter
 in spare shared memory, and the producer thread, the K/V thread and the dQ warp's lane 0 time their own waits; a
 registry beside it names the copy `v12phases`. On a GPU it then runs each shape's backward 12 times, first with the
 plain v12 and then with the copy, and prints cycles per step per phase: sums over every CTA and call, which a
@@ -107,50 +107,48 @@ __global__ void prof_print() {
     for (int step = 0;''')
     m = sub(m, '''      fc::mbarrier_wait_parity(&bars.full[s], (it >> 1) & 1);''', '''      fc::mbarrier_wait_parity(&bars.full[s], (it >> 1) & 1);
       PACC(g, 0);''')
-    m = sub(m, '''      } else {
-        fc::wgmma_wait<0>();
-        fc::wgmma_fence_operands(st);
-        fc::wgmma_fence_operands(dpt);
-        to_probabilities();''', '''      } else {
-        fc::wgmma_wait<0>();
-        fc::wgmma_fence_operands(st);
-        fc::wgmma_fence_operands(dpt);
-        PACC(g, 1);
-        to_probabilities();''')
-    m = sub(m, '''        if (it > 0) fc::mbarrier_wait_parity(&bars.ds_empty[s], ((it - 1) >> 1) & 1);
-        store_ds(dsa, s);
-        fc::mbarrier_arrive(&bars.ds_full[s]);
-        if (step > 0) fc::mbarrier_wait_parity(&bars.ds_full[s ^ 1], ((it - 1) >> 1) & 1);''', '''        PACC(g, 2);
-        if (it > 0) fc::mbarrier_wait_parity(&bars.ds_empty[s], ((it - 1) >> 1) & 1);
-        PACC(g, 3);
-        store_ds(dsa, s);
-        fc::mbarrier_arrive(&bars.ds_full[s]);
-        PACC(g, 4);
-        if (step > 0) fc::mbarrier_wait_parity(&bars.ds_full[s ^ 1], ((it - 1) >> 1) & 1);
-        PACC(g, 5);''')
-    m = sub(m, '''        fc::mbarrier_arrive(&bars.ds_empty[s ^ 1]);
-        if (step > 0) hand_over_dq<Cfg, kDqWarp>(dq_stage, dq, g, it - 1, warp, lane());
-        fc::wgmma_wait<0>();
-        fc::wgmma_fence_operands(dk);
-        fc::wgmma_fence_operands(dsa);
-        fc::mbarrier_arrive(&bars.empty[s]);
-        continue;''', '''        fc::mbarrier_arrive(&bars.ds_empty[s ^ 1]);
-        PACC(g, 6);
-        if (step > 0) {
-          if (it - 1 > 0) fc::named_barrier_sync(kDqEmpty + g, fc::kWarpgroupThreads + 32);
-          PACC(g, 7);
-          stage_dq<Cfg>(dq_stage, dq, warp, lane());
-          fc::fence_proxy_async_shared();
-          fc::named_barrier_arrive(kDqFull + g, fc::kWarpgroupThreads + 32);
-          PACC(g, 8);
-        }
-        fc::wgmma_wait<0>();
-        fc::wgmma_fence_operands(dk);
-        fc::wgmma_fence_operands(dsa);
-        fc::mbarrier_arrive(&bars.empty[s]);
-        PACC(g, 10);
-        if (prof_on) s_prof()[g * PROF_N + 14] += 1;
-        continue;''')
+    m = sub(m, '''      fc::wgmma_wait<0>();
+      fc::wgmma_fence_operands(st);
+      fc::wgmma_fence_operands(dpt);
+      to_probabilities();''', '''      fc::wgmma_wait<0>();
+      fc::wgmma_fence_operands(st);
+      fc::wgmma_fence_operands(dpt);
+      PACC(g, 1);
+      to_probabilities();''')
+    m = sub(m, '''      if (it > 0) fc::mbarrier_wait_parity(&bars.ds_empty[s], ((it - 1) >> 1) & 1);
+      store_ds(dsa, s);
+      fc::mbarrier_arrive(&bars.ds_full[s]);
+      if (step > 0) fc::mbarrier_wait_parity(&bars.ds_full[s ^ 1], ((it - 1) >> 1) & 1);''', '''      PACC(g, 2);
+      if (it > 0) fc::mbarrier_wait_parity(&bars.ds_empty[s], ((it - 1) >> 1) & 1);
+      PACC(g, 3);
+      store_ds(dsa, s);
+      fc::mbarrier_arrive(&bars.ds_full[s]);
+      PACC(g, 4);
+      if (step > 0) fc::mbarrier_wait_parity(&bars.ds_full[s ^ 1], ((it - 1) >> 1) & 1);
+      PACC(g, 5);''')
+    m = sub(m, '''      fc::mbarrier_arrive(&bars.ds_empty[s ^ 1]);
+      if (step > 0) hand_over_dq<Cfg>(dq_stage, dq, g, it - 1, warp, lane());
+      fc::wgmma_wait<0>();
+      fc::wgmma_fence_operands(dk);
+      fc::wgmma_fence_operands(dsa);
+      fc::mbarrier_arrive(&bars.empty[s]);
+    }''', '''      fc::mbarrier_arrive(&bars.ds_empty[s ^ 1]);
+      PACC(g, 6);
+      if (step > 0) {
+        if (it - 1 > 0) fc::named_barrier_sync(kDqEmpty + g, fc::kWarpgroupThreads + 32);
+        PACC(g, 7);
+        stage_dq<Cfg>(dq_stage, dq, warp, lane());
+        fc::fence_proxy_async_shared();
+        fc::named_barrier_arrive(kDqFull + g, fc::kWarpgroupThreads + 32);
+        PACC(g, 8);
+      }
+      fc::wgmma_wait<0>();
+      fc::wgmma_fence_operands(dk);
+      fc::wgmma_fence_operands(dsa);
+      fc::mbarrier_arrive(&bars.empty[s]);
+      PACC(g, 10);
+      if (prof_on) s_prof()[g * PROF_N + 14] += 1;
+    }''')
     m = sub(m, '''    fc::mbarrier_arrive(&bars.kv_empty);  // every thread''', '''    PACC(g, 13);
     fc::mbarrier_arrive(&bars.kv_empty);  // every thread''')
     m = sub(m, '''      store_rows_direct<Cfg, T>(dv, 1.f, fc::tensor<T>(b.dv) + kv_base, n0, p.seq_len_kv, key_row());
@@ -174,7 +172,7 @@ __global__ void prof_print() {
     for (int i = 0; i < 3 * PROF_N; ++i) s_prof()[i] = 0;
   }
   __syncthreads();''')
-    m = sub(m, '''    if (V12_BWD_DQ_WARP != 0 && threadIdx.x / 32 == 1) bwd_dq_writer<Cfg>(b, maps);''', '''    if (V12_BWD_DQ_WARP != 0 && threadIdx.x / 32 == 1) { bwd_dq_writer<Cfg>(b, maps); if (threadIdx.x % 32 == 0) prof_flush<Cfg>(2); }''')
+    m = sub(m, '''    if (threadIdx.x / 32 == 1) bwd_dq_writer<Cfg>(b, maps);''', '''    if (threadIdx.x / 32 == 1) { bwd_dq_writer<Cfg>(b, maps); if (threadIdx.x % 32 == 0) prof_flush<Cfg>(2); }''')
     open(f"{dst}/sm90/mainloop_bwd_sm90.cuh", "w").write(m)
     v = open(f"{dst}/sm90/v12_bwd.cu").read()
     v = sub(v, '''  kernel<<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(b, w, maps);

@@ -14,9 +14,9 @@
 #include <type_traits>
 
 constexpr float kBwdLog2e = 1.4426950408889634f;
-// LSE and D are padded per head to a multiple of kPadRows (every main kernel's BLOCK_M of 64 or 128) and of
-// kPadRows80 (v12's 80-query step at D = 128): the last step of any main kernel reads rows within the padding.
-constexpr int kPadRows = 128, kPadRows80 = 80;
+// LSE and D are padded per head to a multiple of kPadRows (every main kernel's BLOCK_M of 64 or 128): the last step
+// of any main kernel reads rows within the padding.
+constexpr int kPadRows = 128;
 
 // Workspace: the fp32 dQ accumulator [B, H, S, D], then LSE * log2 e and D, each [B, H, S_pad] fp32, then the
 // persistent main kernels' tile counter (zeroed by prep).
@@ -30,10 +30,7 @@ struct Workspace {
 
 inline size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-inline int padded_rows(int seq_len) {
-  const int rows = fc::ceil_div(seq_len, kPadRows) * kPadRows, rows80 = fc::ceil_div(seq_len, kPadRows80) * kPadRows80;
-  return rows > rows80 ? rows : rows80;
-}
+inline int padded_rows(int seq_len) { return fc::ceil_div(seq_len, kPadRows) * kPadRows; }
 
 inline size_t dq_accum_bytes(const FlashcoreParams& p) {
   return align256(static_cast<size_t>(p.batch) * p.heads * p.seq_len * p.head_dim * 4);

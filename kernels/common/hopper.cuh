@@ -164,17 +164,15 @@ __device__ __forceinline__ void wgmma_rs<136, T>(float (&d)[68], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate)));                                         \
 }
 
-// The backward's shapes (sm90/v12_bwd.cu): n64 (S^T, dP^T over 64 queries; dQ's 64 columns, B N-major), n80 (S^T, dP^T
-// over 80 queries; dQ^T's 80 columns, A M-major) and n64 / n128 register-A products for dV, dK at D = 64 / 128.
+// The backward's shapes (sm90/v12_bwd.cu): n64 (S^T, dP^T over 64 queries; dQ's 64 columns, B N-major) and n64 / n128
+// register-A products for dV, dK at D = 64 / 128.
 // Their operand lists are spelled by the macros below.
 #define FC_F8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                     "+f"(d[i + 6]), "+f"(d[i + 7])
 #define FC_F32(d) FC_F8(d, 0), FC_F8(d, 8), FC_F8(d, 16), FC_F8(d, 24)
-#define FC_F40(d) FC_F32(d), FC_F8(d, 32)
 #define FC_F64(d) FC_F32(d), FC_F8(d, 32), FC_F8(d, 40), FC_F8(d, 48), FC_F8(d, 56)
 #define FC_D32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                             \
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define FC_D40 FC_D32 ", %32, %33, %34, %35, %36, %37, %38, %39"
 #define FC_D64 FC_D32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "         \
                "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 
@@ -214,10 +212,6 @@ FC_WGMMA_SS(64, 32, __half, "f16", FC_D32, FC_F32, "%32, %33", "%34", 0, 0)
 FC_WGMMA_SS(64, 32, __nv_bfloat16, "bf16", FC_D32, FC_F32, "%32, %33", "%34", 0, 0)
 FC_WGMMA_SS(64, 32, __half, "f16", FC_D32, FC_F32, "%32, %33", "%34", 1, 0)
 FC_WGMMA_SS(64, 32, __nv_bfloat16, "bf16", FC_D32, FC_F32, "%32, %33", "%34", 1, 0)
-FC_WGMMA_SS(80, 40, __half, "f16", FC_D40, FC_F40, "%40, %41", "%42", 0, 0)
-FC_WGMMA_SS(80, 40, __nv_bfloat16, "bf16", FC_D40, FC_F40, "%40, %41", "%42", 0, 0)
-FC_WGMMA_SS(80, 40, __half, "f16", FC_D40, FC_F40, "%40, %41", "%42", 0, 1)
-FC_WGMMA_SS(80, 40, __nv_bfloat16, "bf16", FC_D40, FC_F40, "%40, %41", "%42", 0, 1)
 FC_WGMMA_RS(64, 32, __half, "f16", FC_D32, FC_F32, "%32, %33, %34, %35", "%36", "%37")
 FC_WGMMA_RS(64, 32, __nv_bfloat16, "bf16", FC_D32, FC_F32, "%32, %33, %34, %35", "%36", "%37")
 FC_WGMMA_RS(128, 64, __half, "f16", FC_D64, FC_F64, "%64, %65, %66, %67", "%68", "%69")
@@ -230,10 +224,8 @@ FC_WGMMA_RS(128, 64, __nv_bfloat16, "bf16", FC_D64, FC_F64, "%64, %65, %66, %67"
 #undef FC_WGMMA_RS
 #undef FC_F8
 #undef FC_F32
-#undef FC_F40
 #undef FC_F64
 #undef FC_D32
-#undef FC_D40
 #undef FC_D64
 
 // ---- shared-memory stores of fragments ----------------------------------------------------------------
@@ -252,14 +244,6 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4
   FC_SM90_ONLY(asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
                             "r"(r[1]), "r"(r[2]), "r"(r[3])
                             : "memory"));
-}
-
-// This thread's lane index, read with a volatile instruction: the compiler cannot hoist it out of a loop, so an
-// address derived from it is recomputed where it is used instead of held in a register across the loop body.
-__device__ __forceinline__ int lane_id_volatile() {
-  int lane;
-  asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
-  return lane;
 }
 
 // ---- register reallocation ----------------------------------------------------------------------------

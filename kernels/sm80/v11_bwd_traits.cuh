@@ -93,7 +93,8 @@ struct V11BwdConfig {
   static_assert(kSmemBytes <= (fc::kBuildsSm90 ? 227 * 1024 : kBwdMaxSmemBytes), "shared memory per block");
 };
 
-// Tile sizes as defines, so a registry variant can build another one beside this for a same-run comparison.
+// Tile sizes as defines (declared with these values in variants.yaml), so a registry variant can build another one
+// beside this for a same-run comparison.
 #ifndef V11_BWD_D64_BLOCK_N
 #define V11_BWD_D64_BLOCK_N 128
 #endif
@@ -103,12 +104,8 @@ struct V11BwdConfig {
 // D=64 on sm_90: 32 keys per warp (4 warps, two CTAs per SM, K and V re-read from shared memory per slice) took
 // 2,16,4096,64's backward from 1518 to 1197 us and causal from 899 to 781 (H100, same run; FA2 1313 and 825).
 // The L4 keeps 16 keys per warp with K and V in registers: its 99 KB holds one 4-warp CTA per SM.
-#ifndef V11_BWD_D64_KV_IN_REGS
-#define V11_BWD_D64_KV_IN_REGS (fc::kBuildsSm90 ? 0 : 1)
-#endif
-#ifndef V11_BWD_D64_WARP_KEYS
-#define V11_BWD_D64_WARP_KEYS (fc::kBuildsSm90 ? 32 : 16)
-#endif
+constexpr bool kBwdD64KvInRegs = !fc::kBuildsSm90;
+constexpr int kBwdD64WarpKeys = fc::kBuildsSm90 ? 32 : 16;
 #ifndef V11_BWD_D128_BLOCK_N
 #define V11_BWD_D128_BLOCK_N 64
 #endif
@@ -116,14 +113,11 @@ struct V11BwdConfig {
 #define V11_BWD_D128_BLOCK_M 32
 #endif
 
-using BwdD64 = V11BwdConfig<64, V11_BWD_D64_BLOCK_N, V11_BWD_D64_BLOCK_M, V11_BWD_D64_KV_IN_REGS != 0,
-                            V11_BWD_D64_WARP_KEYS>;
+using BwdD64 = V11BwdConfig<64, V11_BWD_D64_BLOCK_N, V11_BWD_D64_BLOCK_M, kBwdD64KvInRegs, kBwdD64WarpKeys>;
 // D=128 on sm_90 (227 KB): 128 keys x 64 queries, half the dQ reductions per FLOP of the L4's 64 x 32; pairs of
-// warps share 32 keys (V11_BWD_D128_SM90_WARP_KEYS = 32, kDHalves above) or each warp owns 16 (16).
-#ifndef V11_BWD_D128_SM90_WARP_KEYS
-#define V11_BWD_D128_SM90_WARP_KEYS 32
-#endif
-using BwdD128 = std::conditional_t<fc::kBuildsSm90, V11BwdConfig<128, 128, 64, false, V11_BWD_D128_SM90_WARP_KEYS>,
+// warps share 32 keys (kDHalves above). Each warp owning 16 keys instead was 2% slower at 2,16,4096,128 (2605.6
+// against 2556.0 us) and 2.5% causal (1542.9 against 1504.3; H100, the backward alone).
+using BwdD128 = std::conditional_t<fc::kBuildsSm90, V11BwdConfig<128, 128, 64, false, 32>,
                                    V11BwdConfig<128, V11_BWD_D128_BLOCK_N, V11_BWD_D128_BLOCK_M, false>>;
 // Short sequences: when the long grid (key blocks x batch x K/V heads) would not fill the SMs once, 32-key CTAs
 // (two warps) make four times as many CTAs (1,8,512,64: 128 instead of 32); at D=128, 64 keys.

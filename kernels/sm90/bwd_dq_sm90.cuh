@@ -1,6 +1,6 @@
-// sm90/bwd_dq_sm90.cuh — dQ_i in v12's backward: each consumer's product (dS K_j, or transposed at 80 queries per step),
-// its staging in shared memory in the TMA box's layout, the reduce-add into the fp32 accumulator, and the producer
-// warp that issues it (V12_BWD_DQ_WARP). Read by sm90/mainloop_bwd_sm90.cuh.
+// sm90/bwd_dq_sm90.cuh — dQ_i in v12's backward: each consumer's product (dS K_j), its staging in shared memory in the
+// TMA box's layout, the reduce-add into the fp32 accumulator, and the producer warp that issues it (the dQ warp).
+// Read by sm90/mainloop_bwd_sm90.cuh.
 #pragma once
 
 #include "flashcore.h"
@@ -11,9 +11,8 @@
 
 #include <cstdint>
 
-constexpr int kDqBarrier = 2;  // + g: consumer g's dQ staged (128 threads)
-constexpr int kDqFull = 4;     // + g (V12_BWD_DQ_WARP): consumer g's dQ staged, for the dQ warp (128 + 32 threads)
-constexpr int kDqEmpty = 6;    // + g (V12_BWD_DQ_WARP): the dQ warp has read consumer g's staged tile (128 + 32)
+constexpr int kDqFull = 4;   // + g: consumer g's dQ staged, for the dQ warp (128 + 32 threads)
+constexpr int kDqEmpty = 6;  // + g: the dQ warp has read consumer g's staged tile (128 + 32)
 
 // Consumer g's staged dQ tile (two panels of [kDqRows rows][32 fp32], 128-byte swizzled) reduce-added by TMA into
 // the fp32 accumulator at query rows m0.. of head bh, as one bulk group; one thread calls it.
@@ -29,7 +28,7 @@ __device__ __forceinline__ void reduce_add_dq_tile(const BwdMaps& maps, unsigned
   fc::tma_store_commit();
 }
 
-// V12_BWD_DQ_WARP: warp 1 of the producer warpgroup. For every step of every tile of the CTA and each consumer:
+// The dQ warp: warp 1 of the producer warpgroup. For every step of every tile of the CTA and each consumer:
 // wait until the consumer has staged its dQ tile and let lane 0 reduce-add it by TMA; before the next step's, once
 // the copies have read the staging tiles, tell the consumers they may write the next ones.
 template <class Cfg>
@@ -61,8 +60,7 @@ __device__ __forceinline__ void bwd_dq_writer(const FlashcoreBackwardParams& b, 
 }
 
 // dQ's 64 x 64 tile of this consumer: dS (its 64 query rows, all kBlockN keys: two K-major panels) times K_j's
-// 64 columns (N-major: K_j's rows are the keys), 8 k-steps of 16 keys. kDqSwapAB (80 queries): dQ^T's 64 x 80 tile,
-// K_j's 64 columns as M-major A times dS (all 80 query rows) as K-major B.
+// 64 columns (N-major: K_j's rows are the keys), 8 k-steps of 16 keys.
 template <class Cfg, typename T>
 __device__ __forceinline__ void gemm_dq(float (&dq)[Cfg::kDqRegs], uint64_t desc_ds, uint64_t desc_k) {
   fc::wgmma_fence();
@@ -70,19 +68,13 @@ __device__ __forceinline__ void gemm_dq(float (&dq)[Cfg::kDqRegs], uint64_t desc
   for (int kk = 0; kk < 8; ++kk) {
     const uint64_t ds = desc_ds + (((kk / 4) * Cfg::kBlockM * 128 + (kk % 4) * 32) >> 4);
     const uint64_t k = desc_k + ((kk * 2048) >> 4);
-    if constexpr (Cfg::kDqSwapAB) {
-      fc::wgmma_ss<Cfg::kDqRows, T, 0, 1>(dq, k, ds, kk > 0);
-    } else {
-      fc::wgmma_ss<64, T, 1>(dq, ds, k, kk > 0);
-    }
+    fc::wgmma_ss<64, T, 1>(dq, ds, k, kk > 0);
   }
   fc::wgmma_commit();
 }
 
 // This consumer's dQ tile into its staging tile (2 panels of [kDqRows query rows][32 fp32], 128-byte swizzled: the
-// TMA box's layout). kDqSwapAB: the accumulator is dQ^T (rows: this consumer's 64 columns; columns: queries), so
-// each value is stored alone, transposed (a warp's 32 stores of one register hit 32 banks: the swizzle spreads the
-// four query pairs t over chunks).
+// TMA box's layout).
 template <class Cfg>
 __device__ __forceinline__ void stage_dq(unsigned char* dq_stage, const float (&dq)[Cfg::kDqRegs], int warp, int lane) {
   const int t = lane % 4;
@@ -91,34 +83,21 @@ __device__ __forceinline__ void stage_dq(unsigned char* dq_stage, const float (&
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = 16 * warp + lane / 4 + 8 * h;  // accumulator row
-      if constexpr (Cfg::kDqSwapAB) {
-        const int col = row, panel = col / 32, chunk = (col % 32) / 4;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int query = 8 * j + 2 * t + e;
-          *reinterpret_cast<float*>(dq_stage + panel * Cfg::kDqRows * 128 + query * 128 + ((chunk ^ (query % 8)) << 4) +
-                                    4 * (col % 4)) = dq[4 * j + 2 * h + e];
-        }
-      } else {
-        const int col = 8 * j + 2 * t, panel = col / 32, chunk = (col % 32) / 4;
-        *reinterpret_cast<float2*>(dq_stage + panel * Cfg::kDqRows * 128 + row * 128 + ((chunk ^ (row % 8)) << 4) +
-                                   4 * (col % 4)) = make_float2(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
-      }
+      const int col = 8 * j + 2 * t, panel = col / 32, chunk = (col % 32) / 4;
+      *reinterpret_cast<float2*>(dq_stage + panel * Cfg::kDqRows * 128 + row * 128 + ((chunk ^ (row % 8)) << 4) +
+                                 4 * (col % 4)) = make_float2(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
     }
   }
 }
 
-// Consumer g's k-th dQ tile in the CTA into its staging tile, then handed on: with the dQ warp (V12_BWD_DQ_WARP) once
-// that warp has read tile k - 1, and arriving for it; without it, the warpgroup meets and its thread 0 adds the tile.
-template <class Cfg, bool kDqWarp>
+// Consumer g's k-th dQ tile in the CTA into its staging tile, once the dQ warp has read tile k - 1, then handed to
+// that warp. (Issuing the reduce-add from the consumer's thread 0 after the warpgroup met instead, without the dQ
+// warp, was 2.6-7.1% slower at issue 30's six rows on the H200.)
+template <class Cfg>
 __device__ __forceinline__ void hand_over_dq(unsigned char* dq_stage, const float (&dq)[Cfg::kDqRegs], int g, int k,
                                              int warp, int lane) {
-  if (kDqWarp && k > 0) fc::named_barrier_sync(kDqEmpty + g, fc::kWarpgroupThreads + 32);
+  if (k > 0) fc::named_barrier_sync(kDqEmpty + g, fc::kWarpgroupThreads + 32);
   stage_dq<Cfg>(dq_stage, dq, warp, lane);
   fc::fence_proxy_async_shared();
-  if constexpr (kDqWarp) {
-    fc::named_barrier_arrive(kDqFull + g, fc::kWarpgroupThreads + 32);
-  } else {
-    fc::named_barrier_sync(kDqBarrier + g, fc::kWarpgroupThreads);
-  }
+  fc::named_barrier_arrive(kDqFull + g, fc::kWarpgroupThreads + 32);
 }

@@ -19,41 +19,18 @@
 
 #include <cstdint>
 
-// 1: P^T is computed while dP^T's wgmma runs, and dS^T while dV's does (64 queries per step only: D = 128);
-// 0 (default: within 2% either way, sm90/v12_bwd.cu's header): one wait for S^T and dP^T together
-#ifndef V12_BWD_OVERLAP
-#define V12_BWD_OVERLAP 0
-#endif
-// 1: dQ_i's product is issued before dK's, and dQ_i is added while dK's wgmma runs; 0: after dK's, both awaited
-#ifndef V12_BWD_DQ_FIRST
-#define V12_BWD_DQ_FIRST 1
-#endif
-// 1 (default): a warp of the producer warpgroup issues each consumer's dQ reduce-add (the consumers only stage the
-// tile and arrive); 0: the consumer's thread 0 issues it after the warpgroup has met, and waits for the copy to
-// have read the staging tile before the next step's dQ. H200, backward alone, one run beside the build with 0
-// (docs/results/h200-v12-bwd-dqwarp-2026-11-26.json): 2.6-7.1% faster at issue 30's six rows.
-#ifndef V12_BWD_DQ_WARP
-#define V12_BWD_DQ_WARP 1
-#endif
-// D = 128, queries per step: 0 (default): 64 always; 1: 80 without the causal mask, 64 with it (FlashAttention-3's
-// choice, hopper/flash_bwd_launch_template.h); 2: 80 always. 80 queries make dQ_i's tile 80 x 64 per consumer, which
-// wgmma (M = 64) computes transposed (BwdConfig::kDqSwapAB). Not the default: at 2,16,4096,128 it was no faster
-// than 64 in four runs on the lent H100 (docs/ladder.md, "Shared memory by name; 80 queries per step, tried").
-#ifndef V12_BWD_M80
-#define V12_BWD_M80 0
-#endif
-
-// 1 (default): dQ_{i-1}'s product runs in step i, from the other of two dS buffers handed over on mbarriers, so the
-// consumers never meet within a step and one's exp2s run while the other's wgmmas do; 0: both meet each step
-// (kDsBarrier) before dQ_i. H200, backward alone, beside 0 in one run: 7% off 2,16,4096,64 and 1,16,16384,64, 4% off
-// 64 causal, 0-1% at the D = 128 rows (docs/ladder.md, "The dQ lag"). 80 queries per step (V12_BWD_M80) take 0.
-#ifndef V12_BWD_DQ_LAG
-#define V12_BWD_DQ_LAG 1
-#endif
-
-constexpr int kDsBarrier = 1;  // named barrier: both consumers' dS^T stored (256 threads)
+// One step of a consumer: S^T and dP^T awaited together, P^T and dS^T, dV; dS_i stored for both consumers' dQ
+// products; then dQ_{i-1}'s product (the lag: from the other of two dS buffers handed over on mbarriers, so the
+// consumers never meet within a step and one's exp2s run while the other's wgmmas do), then dK's, dQ_{i-1} staged
+// for the dQ warp while dK's runs. Tried and not kept (H200, the backward alone, beside the shipped build in one run):
+//   - P^T computed while dP^T's wgmma runs and dS^T while dV's (D = 128): 1397.8 against 1355.6 us at 2,16,4096,128,
+//     779.3 against 762.6 causal;
+//   - no lag (both consumers meet each step before dQ_i): 7% slower at 2,16,4096,64 and 1,16,16384,64, 4% at 64
+//     causal, 0-1% at the D = 128 rows; dQ_i issued after dK's (no lag): no target row moved;
+//   - 80 queries per step at D = 128 (FlashAttention-3's choice, dQ^T computed transposed): 1351.7 against 1301.0 us
+//     at 2,16,4096,128 on the H200, and no faster in four runs on the H100.
 // The threads that read each round's tile from the producer: the K/V loader, the dQ warp, both consumers.
-constexpr int kTileReaders = 1 + (V12_BWD_DQ_WARP != 0 ? 32 : 0) + 2 * fc::kWarpgroupThreads;
+constexpr int kTileReaders = 1 + 32 + 2 * fc::kWarpgroupThreads;
 
 // P^T = exp2(S^T * scale log2 e - LSE_i log2 e) in place, on a 64-key x kBlockM tile whose columns are queries
 // (this thread: columns 8j + 2(t%4) + {0, 1}; rows r, r + 8 of its warp's 16 keys). Causal: keys right of a
@@ -92,24 +69,12 @@ __device__ __forceinline__ void score_gradients(const float (&pt)[kBlockM / 2], 
 template <class Cfg, typename T>
 __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, const Workspace& w, const BwdMaps& maps) {
   constexpr int kBlockM = Cfg::kBlockM, kHeadDim = Cfg::kHeadDim;
-  // the overlap keeps P^T's fp32 values live beside dP^T: at 128 queries per step (D = 64) that spilled 48 bytes
-  constexpr bool kOverlap = V12_BWD_OVERLAP != 0 && kBlockM == 64;
-  constexpr bool kDqFirst = V12_BWD_DQ_FIRST != 0, kDqWarp = V12_BWD_DQ_WARP != 0;
-  constexpr bool kLag = V12_BWD_DQ_LAG != 0 && !Cfg::kDqSwapAB;
-  static_assert(!kLag || (kDqWarp && kDqFirst),
-                "V12_BWD_DQ_LAG=1 needs V12_BWD_DQ_WARP=1 and V12_BWD_DQ_FIRST=1 (with either at 0, set the lag to 0)");
   const FlashcoreParams& p = b.fwd;
   const int g = __shfl_sync(0xffffffffu, threadIdx.x / fc::kWarpgroupThreads, 0) - 1;  // 0 or 1, warp-uniform
-  // At 80 queries per step (kDqSwapAB) the step's peak has no register to spare: there the warp is broadcast
-  // (warp-uniform, like g) and the lane read afresh where it is used (lane_id_volatile, which the compiler cannot
-  // hoist), so no per-thread index is held across the loop (held, ptxas spilled 4-8 bytes). Elsewhere they are
-  // held: the volatile reads also pin the schedule around them, and cost 6% at D = 64 (H100, beside a build that
-  // held them).
-  const int warp = Cfg::kDqSwapAB ? __shfl_sync(0xffffffffu, threadIdx.x / 32 % 4, 0) : threadIdx.x / 32 % 4;
-  auto lane = [] {
-    if constexpr (Cfg::kDqSwapAB) return fc::lane_id_volatile();
-    return static_cast<int>(threadIdx.x % 32);
-  };
+  // Held in registers across the loop: reading the lane afresh where it is used (a volatile read the compiler cannot
+  // hoist) pins the schedule around it, and cost 6% at D = 64 (H100, beside a build that held it).
+  const int warp = threadIdx.x / 32 % 4;
+  auto lane = [] { return static_cast<int>(threadIdx.x % 32); };
   const bool tid0 = threadIdx.x % fc::kWarpgroupThreads == 0;
   BwdBarriers& bars = bwd_barriers<Cfg>();
   unsigned char* smem = v12_bwd_smem();
@@ -161,7 +126,7 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
     fc::mbarrier_wait_parity(&bars.kv_full, round & 1);
     for (int step = 0; step < steps.count; ++step, ++it) {
       const int s = it & 1;
-      const int bh = steps.bh(step), m0 = steps.m0(step, kBlockM);
+      const int m0 = steps.m0(step, kBlockM);
       fc::mbarrier_wait_parity(&bars.full[s], (it >> 1) & 1);
       // S^T = K_j Q_i^T, dP^T = V_j dO_i^T (64 keys x kBlockM queries)
       float st[kBlockM / 2], dpt[kBlockM / 2];
@@ -178,112 +143,47 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
         }
       };
       uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
-      if constexpr (kOverlap) {
-        // P^T as soon as S^T has landed (dP^T may still run), then dV += P^T dO_i issued before dS^T is computed: the
-        // exp2s overlap dP^T's wgmma and dS^T overlaps dV's (P^T's fp32 values stay live meanwhile)
-        fc::wgmma_wait<1>();
-        fc::wgmma_fence_operands(st);
-        to_probabilities();
-        pack_p<T, kBlockM>(st, pa);
-        gemm_pv<T, kHeadDim, kBlockM>(dv, pa, desc_do_t + s * kStageStep);
-        fc::wgmma_fence_operands(dv);
-        fc::wgmma_wait<1>();  // dP^T has landed; dV may still run
-        fc::wgmma_fence_operands(dpt);
-        score_gradients<kBlockM>(st, dpt, stats + kBlockM);
-        pack_p<T, kBlockM>(dpt, dsa);
-      } else {
-        fc::wgmma_wait<0>();
-        fc::wgmma_fence_operands(st);
-        fc::wgmma_fence_operands(dpt);
-        to_probabilities();
-        score_gradients<kBlockM>(st, dpt, stats + kBlockM);
-        pack_p<T, kBlockM>(st, pa);
-        pack_p<T, kBlockM>(dpt, dsa);
-        gemm_pv<T, kHeadDim, kBlockM>(dv, pa, desc_do_t + s * kStageStep);  // dV += P^T dO_i (A from registers)
-        fc::wgmma_fence_operands(dv);
-      }
-      if constexpr (kLag) {
-        // dS_i into buffer s once both consumers' last product from it (step i - 1's) is done; then dQ_{i-1} (buffer
-        // s ^ 1, stored by both in step i - 1), then dK; dQ_{i-1} is staged while dK runs. Step 0's product reads a
-        // buffer no step has stored and is discarded (issued unconditionally: behind a branch ptxas serialized every
-        // wgmma), and buffer 1's first store waits for it like any other.
-        if (it > 0) fc::mbarrier_wait_parity(&bars.ds_empty[s], ((it - 1) >> 1) & 1);
-        store_ds(dsa, s);
-        fc::mbarrier_arrive(&bars.ds_full[s]);
-        if (step > 0) fc::mbarrier_wait_parity(&bars.ds_full[s ^ 1], ((it - 1) >> 1) & 1);
-        float dq[Cfg::kDqRegs];
-        gemm_dq<Cfg, T>(dq, desc_ds + (s ^ 1) * kDsStep, desc_k_t);
-        fc::wgmma_fence_operands(dq);
-        gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);
-        fc::wgmma_fence_operands(dk);
-        fc::wgmma_wait<1>();
-        fc::wgmma_fence_operands(dv);
-        fc::wgmma_fence_operands(pa);
-        fc::wgmma_fence_operands(dq);
-        fc::mbarrier_arrive(&bars.ds_empty[s ^ 1]);
-        if (step > 0) hand_over_dq<Cfg, kDqWarp>(dq_stage, dq, g, it - 1, warp, lane());
-        fc::wgmma_wait<0>();
-        fc::wgmma_fence_operands(dk);
-        fc::wgmma_fence_operands(dsa);
-        fc::mbarrier_arrive(&bars.empty[s]);
-        continue;
-      }
-      if constexpr (!kDqFirst) {
-        gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);  // dK += dS^T Q_i (A from registers)
-        fc::wgmma_fence_operands(dk);
-      }
-      // dS into buffer step % 2: both consumers' halves, then dQ_i's tile reads all of it
-      store_ds(dsa, s);
-      if (!kDqWarp && tid0) fc::tma_store_wait_read<0>();  // the last step's dQ tile has left the staging tile
-      fc::named_barrier_sync(kDsBarrier, 2 * fc::kWarpgroupThreads);
-      if constexpr (Cfg::kDqSwapAB) {
-        // dV's product (and dK's, if issued) done before dQ_i's is issued: P^T's registers free for dQ_i^T's 40 (with
-        // them live beside dV, dK and dS^T, ptxas serialized every wgmma for want of registers)
-        fc::wgmma_wait<0>();
-        fc::wgmma_fence_operands(dv);
-        fc::wgmma_fence_operands(pa);
-        if constexpr (!kDqFirst) {
-          fc::wgmma_fence_operands(dk);
-          fc::wgmma_fence_operands(dsa);
-        }
-      }
-      float dq[Cfg::kDqRegs];
-      gemm_dq<Cfg, T>(dq, desc_ds + s * kDsStep, desc_k_t);
-      fc::wgmma_fence_operands(dq);
-      if constexpr (kDqFirst) {
-        // dK issued after dQ_i, so that dQ_i is added while dK's wgmma runs
-        gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);
-        fc::wgmma_fence_operands(dk);
-        fc::wgmma_wait<1>();
-      } else {
-        fc::wgmma_wait<0>();
-      }
+      fc::wgmma_wait<0>();
+      fc::wgmma_fence_operands(st);
+      fc::wgmma_fence_operands(dpt);
+      to_probabilities();
+      score_gradients<kBlockM>(st, dpt, stats + kBlockM);
+      pack_p<T, kBlockM>(st, pa);
+      pack_p<T, kBlockM>(dpt, dsa);
+      gemm_pv<T, kHeadDim, kBlockM>(dv, pa, desc_do_t + s * kStageStep);  // dV += P^T dO_i (A from registers)
       fc::wgmma_fence_operands(dv);
+      // dS_i into buffer s once both consumers' last product from it (step i - 1's) is done; then dQ_{i-1} (buffer
+      // s ^ 1, stored by both in step i - 1), then dK; dQ_{i-1} is staged while dK runs. Step 0's product reads a
+      // buffer no step has stored and is discarded (issued unconditionally: behind a branch ptxas serialized every
+      // wgmma), and buffer 1's first store waits for it like any other.
+      if (it > 0) fc::mbarrier_wait_parity(&bars.ds_empty[s], ((it - 1) >> 1) & 1);
+      store_ds(dsa, s);
+      fc::mbarrier_arrive(&bars.ds_full[s]);
+      if (step > 0) fc::mbarrier_wait_parity(&bars.ds_full[s ^ 1], ((it - 1) >> 1) & 1);
+      float dq[Cfg::kDqRegs];
+      gemm_dq<Cfg, T>(dq, desc_ds + (s ^ 1) * kDsStep, desc_k_t);
       fc::wgmma_fence_operands(dq);
+      gemm_pv<T, kHeadDim, kBlockM>(dk, dsa, desc_q_t + s * kStageStep);
+      fc::wgmma_fence_operands(dk);
+      fc::wgmma_wait<1>();
+      fc::wgmma_fence_operands(dv);
       fc::wgmma_fence_operands(pa);
-      if constexpr (!kDqFirst) {
-        fc::wgmma_fence_operands(dk);
-        fc::wgmma_fence_operands(dsa);
-        fc::mbarrier_arrive(&bars.empty[s]);  // every thread: its reads of the stage's LSE_i and D_i are done
-      }
-      hand_over_dq<Cfg, kDqWarp>(dq_stage, dq, g, it, warp, lane());
-      if (!kDqWarp && tid0) reduce_add_dq_tile<Cfg>(maps, smem, g, m0, bh);
-      if constexpr (kDqFirst) {
-        fc::wgmma_wait<0>();  // dK (it reads Q_i) before the stage is released
-        fc::wgmma_fence_operands(dk);
-        fc::wgmma_fence_operands(dsa);
-        fc::mbarrier_arrive(&bars.empty[s]);  // every thread: its reads of the stage's LSE_i and D_i are done
-      }
+      fc::wgmma_fence_operands(dq);
+      fc::mbarrier_arrive(&bars.ds_empty[s ^ 1]);
+      if (step > 0) hand_over_dq<Cfg>(dq_stage, dq, g, it - 1, warp, lane());
+      fc::wgmma_wait<0>();
+      fc::wgmma_fence_operands(dk);
+      fc::wgmma_fence_operands(dsa);
+      fc::mbarrier_arrive(&bars.empty[s]);
     }
-    if (!kDqWarp && tid0) fc::tma_store_wait<0>();
-    if (kLag && steps.count > 0) {  // the last step's dQ (the next tile's first step arrives on its buffer's ds_empty)
+    if (steps.count > 0) {  // the last step's dQ (the next tile's first step arrives on its buffer's ds_empty)
       const int last = it - 1;
       fc::mbarrier_wait_parity(&bars.ds_full[last & 1], (last >> 1) & 1);
       float dq[Cfg::kDqRegs];
       gemm_dq<Cfg, T>(dq, desc_ds + (last & 1) * kDsStep, desc_k_t);
       fc::wgmma_wait<0>();
       fc::wgmma_fence_operands(dq);
-      hand_over_dq<Cfg, kDqWarp>(dq_stage, dq, g, it - 1, warp, lane());
+      hand_over_dq<Cfg>(dq_stage, dq, g, it - 1, warp, lane());
     }
     fc::mbarrier_arrive(&bars.kv_empty);  // every thread: its products that read K_j and V_j are done
 
@@ -324,7 +224,7 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim, kBlockM>::kThreads, 1)
     fc::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) bwd_producer<Cfg>(b, w, maps);
     if (threadIdx.x == 64) bwd_kv_loader<Cfg>(b.fwd, maps);
-    if (V12_BWD_DQ_WARP != 0 && threadIdx.x / 32 == 1) bwd_dq_writer<Cfg>(b, maps);
+    if (threadIdx.x / 32 == 1) bwd_dq_writer<Cfg>(b, maps);
     return;
   }
   fc::setmaxnreg_inc<Cfg::kConsumerRegs>();

@@ -29,12 +29,12 @@
 // forward's GEMM and packing steps).
 //
 // Configuration: D = 64: 128 queries per step (dQ tiles split by rows), D = 128: 64 (split by columns); 2 stages;
-// dS double-buffered; 212 KB at D = 64, 227 KB at D = 128 (at 80 queries per step the dK/dV staging tiles do
-// not fit, and each thread stores its own fragments); registers 24 (producer warpgroup) / 240 (consumers), the
-// whole pool of a 384-thread CTA (fc::setmaxnreg_fits: at 32 / 240 every launch hung). V12_BWD_DQ_LAG,
-// V12_BWD_DQ_WARP (default 1); every consumer thread arrives on a stage's empty barrier (racecheck found lane 0
+// dS double-buffered; 212 KB at D = 64, 227 KB at D = 128; registers 24 (producer warpgroup) / 240 (consumers), the
+// whole pool of a 384-thread CTA (fc::setmaxnreg_fits: at 32 / 240 every launch hung). The dQ lag and the dQ warp
+// (sm90/mainloop_bwd_sm90.cuh); every consumer thread arrives on a stage's empty barrier (racecheck found lane 0
 // alone racing the refill); shared memory addressed by name (fc::dynamic_smem_1024: LDS/STS, not generic
-// LD.E/ST.E). V12_BWD_MAX_CTAS caps the grid (a test knob: with 2 CTAs every shape runs many tiles per CTA).
+// LD.E/ST.E). V12_BWD_MAX_CTAS caps the grid (a test knob, in the registry's defines: with 2 CTAs every shape runs
+// many tiles per CTA).
 //
 // Run:  flashcore test v12 && flashcore bench v12 --pass bwd --shape 2,16,4096,128 --causal
 // Measured (H200, cold, the backward alone, one bench per row beside SDPA's backends and the build before; every
@@ -53,8 +53,8 @@
 // - `flashcore test v12` 216 OK; the 2-CTA build 216 OK, its sanitizers clean; 2000 random launches with gradients
 //   all OK, worst 0.97 (v12-bwd-epilogue-checks-2026-11-27.txt).
 // Tried, not kept (docs/ladder.md has each run): dQ added from registers by red.global.add (10-15% slower);
-// V12_BWD_OVERLAP=1 (within 2%); V12_BWD_DQ_FIRST=0 (no target row moves); V12_BWD_M80 (FA3's 80 queries at
-// D = 128: no faster); the consumers taking turns to issue S^T, dP^T (within 1.4%); tiles dealt in static snake
+// P^T under dP^T's wgmma (within 2%); dQ issued after dK (no target row moves); FA3's 80 queries per step at
+// D = 128 (no faster); the consumers taking turns to issue S^T, dP^T (within 1.4%); tiles dealt in static snake
 // rounds (6.4% slower at 1,16,16384,128 causal: the tiles running at once spanned all 16 heads' Q, dO and dQ); three
 // Q_i/dO_i stages at D = 128 (0.0% and 1.1%: the consumers' waits on a stage are not the loads').
 // Not reached: the 1.1x moonshot at the D = 128 rows (1.03x and 1.04x in turn with cuDNN, twice on the H200).
@@ -115,18 +115,11 @@ const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   return launch_bwd_dq<kHeadDim, T>(b, w, stream);
 }
 
-// D = 128: 80 queries per step (dQ transposed) where V12_BWD_M80 asks for it, else 64.
-inline bool step80(const FlashcoreParams& p) { return V12_BWD_M80 == 2 || (V12_BWD_M80 == 1 && !p.causal); }
-
 template <class T>
 const char* backward_dtype(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   switch (b.fwd.head_dim) {
     case 64: return backward<BwdCfg64, T>(b, stream);
-    case 128:
-      if constexpr (V12_BWD_M80 != 0) {  // (its kernels are not compiled otherwise)
-        if (step80(b.fwd)) return backward<BwdCfg128x80, T>(b, stream);
-      }
-      return backward<BwdCfg128, T>(b, stream);
+    case 128: return backward<BwdCfg128, T>(b, stream);
     default: return fc::unsupported_head_dim(b.fwd.head_dim);
   }
 }
@@ -146,13 +139,6 @@ int plan_both(FlashcoreKernelPlan* plans) {
   return n + plan_dtype<Cfg, __nv_bfloat16>(plans + n);
 }
 
-// D = 128: the 64-query kernels (causal, or every call with V12_BWD_M80 0), then the 80-query ones where any call
-// takes them
-int plan_d128(FlashcoreKernelPlan* plans) {
-  const int n = V12_BWD_M80 == 2 ? 0 : plan_both<BwdCfg128>(plans);
-  return n + (V12_BWD_M80 == 0 ? 0 : plan_both<BwdCfg128x80>(plans + n));
-}
-
 }  // namespace
 
 size_t flashcore_backward_workspace(const FlashcoreParams& p) { return workspace_bytes(p); }
@@ -169,7 +155,7 @@ const char* flashcore_backward(const FlashcoreBackwardParams& b, cudaStream_t st
 int v12_backward_plan(int head_dim, FlashcoreKernelPlan* plans) {
   switch (head_dim) {
     case 64: return plan_both<BwdCfg64>(plans);
-    case 128: return plan_d128(plans);
+    case 128: return plan_both<BwdCfg128>(plans);
     default: return 0;
   }
 }

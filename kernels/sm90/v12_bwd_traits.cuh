@@ -10,7 +10,7 @@
 struct BwdBarriers {
   uint64_t kv_full, kv_empty;     // the tile's K_j and V_j landed / read by both consumers' last products
   uint64_t full[2], empty[2];     // a stage's Q_i, dO_i, LSE_i, D_i landed / read by both consumers
-  uint64_t ds_full[2], ds_empty[2];  // V12_BWD_DQ_LAG: dS buffer b stored / read by both consumers' dQ products
+  uint64_t ds_full[2], ds_empty[2];  // dS buffer b stored / read by both consumers' dQ products (the dQ lag)
   uint64_t tile_full[2], tile_empty[2];  // the tile of round r in tile_slot[r % 2] / read by every other role
   int tile_slot[2];
 };
@@ -28,16 +28,12 @@ struct BwdConfig {
                 "setmaxnreg: the warpgroups' registers exceed the CTA's launch pool (the .inc would hang)");
   static constexpr int kPanels = kHeadDim / 64;  // 128-byte panels of 64 columns per row
   // dQ_i = dS K_j (kBlockM x D) is split between the two consumers as two wgmma tiles: by rows where the step
-  // has 128 queries (D = 64), by columns where it has 64 (D = 128), each 64 x 64; and where it has 80 (D = 128,
-  // FlashAttention-3's step there), transposed: consumer g computes dQ_i^T's 64 rows 64 g.. (columns of dQ_i) x 80
-  // queries as K_j^T dS^T (wgmma's M must be 64: 80 query rows cannot be its M). Consumer g's tile covers query
+  // has 128 queries (D = 64), by columns where it has 64 (D = 128), each 64 x 64. Consumer g's tile covers query
   // rows 64 row_half(g) .. + kDqRows, columns 64 col_half(g) .. + 64.
   static constexpr bool kDqByRows = kBlockM == 128;
-  static constexpr bool kDqSwapAB = kBlockM == 80;
   static constexpr int kDqRows = kDqByRows ? 64 : kBlockM;  // query rows of one consumer's dQ tile
   static constexpr int kDqRegs = kDqRows * 64 / fc::kWarpgroupThreads;  // its fp32 accumulators per thread
-  static_assert((kDqByRows ? kHeadDim : kHeadDim / 2) == 64 && (kDqSwapAB || kDqRows == 64),
-                "dQ: two tiles of 64 columns, 64 query rows (or dQ^T's 80)");
+  static_assert((kDqByRows ? kHeadDim : kHeadDim / 2) == 64 && kDqRows == 64, "dQ: two tiles of 64 columns, 64 query rows");
   // Shared memory, every tile 1024-byte aligned (the swizzle atom): K_j | V_j | (Q_i, dO_i) x 2 stages |
   // dS x 2 | dQ staging x 2 consumers | (LSE_i log2 e, D_i) x 2 stages | mbarriers | a dK/dV staging tile per
   // consumer (dV, then dK through it; where it fits: kEpiStaged).
@@ -61,7 +57,7 @@ struct BwdConfig {
       (kEpiStaged ? kEpiOffset + kConsumers * kEpiBytes : kBarOffset + 128) + 1024;
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 && kDqBytes % 2048 == 0,
                 "swizzle alignment");
-  static_assert(kBlockM % 16 == 0 && (kPadRows % kBlockM == 0 || kBlockM == kPadRows80),
+  static_assert(kBlockM % 16 == 0 && kPadRows % kBlockM == 0,
                 "whole k-steps; LSE_i, D_i within the padded rows");
   static_assert(kBarOffset % 8 == 0 && sizeof(BwdBarriers) <= 128, "mbarriers");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory: at most 227 KB per block on sm_90");
@@ -137,4 +133,3 @@ __host__ __device__ inline bool bwd_needs_mask(const FlashcoreParams& p, int fir
 
 using BwdCfg64 = BwdConfig<64, 128>;
 using BwdCfg128 = BwdConfig<128, 64>;
-using BwdCfg128x80 = BwdConfig<128, 80>;
