@@ -48,24 +48,23 @@
 //   2,16,4096,64: 1749 us, 78.6 TFLOP/s
 #include "flashcore.h"
 #include "common/primitives.cuh"
-#include "ladder/tile_regs.cuh"
-
-#include <mma.h>
+#include "ladder/wmma_rung.cuh"
 
 namespace wmma = nvcuda::wmma;
+using wmma_rung::AccFrag;
+using wmma_rung::kFrag;
+using wmma_rung::kLog2e;
+using wmma_rung::kVec;
 
 constexpr int kBlockM = 32;              // query rows per CTA (Br)
 constexpr int kBlockN = 32;              // keys per K/V tile (Bc)
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * fc::kWarpSize;
-constexpr int kFrag = 16;                // WMMA m = n = k
 constexpr int kSStride = kBlockN + 4;    // floats per S/P row: a multiple of 4 (WMMA ldm)
 constexpr int kP16Stride = kBlockN + 8;  // halves per fp16 P row: a multiple of 8 (WMMA ldm)
 constexpr int kThreadsPerRow = kThreads / kBlockM;        // softmax: 4 consecutive lanes per row
 constexpr int kColsPerThread = kBlockN / kThreadsPerRow;  // 8
 constexpr int kStripes = kBlockM / kFrag;                 // 16-row stripes: warps 2s and 2s + 1 share stripe s
-constexpr int kVec = 8;                                   // halves per 16-byte global access
-constexpr float kLog2e = 1.4426950408889634f;
 
 static_assert(kWarps == (kBlockM / kFrag) * (kBlockN / kFrag), "one 16x16 block of S per warp");
 static_assert(kColsPerThread == 8, "the softmax moves its columns as two float4");
@@ -89,7 +88,6 @@ struct Layout {
 template <int kHeadDim>
 __global__ void __launch_bounds__(kThreads) fp32p_fwd(FlashcoreParams p) {
   using L = Layout<kHeadDim>;
-  using AccFrag = wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float>;
   constexpr int kH = L::kH;
   constexpr int kOTiles = kHeadDim / kFrag / 2;  // output 16x16 tiles per warp: the two warps of a stripe split D
   extern __shared__ __align__(128) unsigned char smem[];
@@ -120,15 +118,8 @@ __global__ void __launch_bounds__(kThreads) fp32p_fwd(FlashcoreParams p) {
   const int row = row0 + r;
   float* diag_r = diag + (r / kFrag) * kFrag * kFrag + (r % kFrag) * kFrag + (tid % kThreadsPerRow) * 4;  // [4]
 
-  {
-    fc::TileRegs<kHeadDim, kBlockM, kThreads> q_regs;
-    fc::fetch_tile(q_regs, q, row0, p.seq_len, tid);
-    fc::store_tile<kH>(Q_i, q_regs, tid);
-  }
-  __syncthreads();
-  wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, __half, wmma::row_major> q_frag[kHeadDim / kFrag];
-#pragma unroll
-  for (int kk = 0; kk < kHeadDim / kFrag; ++kk) wmma::load_matrix_sync(q_frag[kk], Q_i + stripe * kFrag * kH + kk * kFrag, kH);
+  wmma_rung::AFrag q_frag[kHeadDim / kFrag];
+  wmma_rung::load_q<kHeadDim, kBlockM, kThreads, kH>(q_frag, Q_i, q, row0, p.seq_len, tid, stripe);
 
   AccFrag O_frag[kOTiles];  // O_i rows of `stripe`, dims (half_id * kOTiles + t) * 16 .. + 15
 #pragma unroll
@@ -173,14 +164,7 @@ __global__ void __launch_bounds__(kThreads) fp32p_fwd(FlashcoreParams p) {
       s[0] = a.x; s[1] = a.y; s[2] = a.z; s[3] = a.w;
       s[4] = b.x; s[5] = b.y; s[6] = b.z; s[7] = b.w;
     }
-    float m_tile = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < kColsPerThread; ++c) {
-      const int key = n0 + c0 + c;
-      const bool visible = key < p.seq_len && (!p.causal || key <= row);
-      s[c] = visible ? s[c] * scale_log2 : -INFINITY;
-      m_tile = fmaxf(m_tile, s[c]);
-    }
+    float m_tile = wmma_rung::mask_scores(s, n0 + c0, row, p, scale_log2);
     m_tile = fc::group_max<kThreadsPerRow>(m_tile);
     const float m_new = fmaxf(m_i, m_tile);
     const float m_ref = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet: exp2(-inf) = 0
@@ -221,26 +205,8 @@ __global__ void __launch_bounds__(kThreads) fp32p_fwd(FlashcoreParams p) {
     __syncwarp();
 
     // O = diag(alpha) O + P V
-    {
-      AccFrag alpha_frag;
-      wmma::load_matrix_sync(alpha_frag, diag + stripe * kFrag * kFrag, kFrag, wmma::mem_row_major);
-#pragma unroll
-      for (int t = 0; t < kOTiles; ++t) {
-#pragma unroll
-        for (int e = 0; e < alpha_frag.num_elements; ++e) O_frag[t].x[e] *= alpha_frag.x[e];
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / kFrag; ++kk) {
-      wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, __half, wmma::row_major> p_frag;
-      wmma::load_matrix_sync(p_frag, P16_w + kk * kFrag, kP16Stride);
-#pragma unroll
-      for (int t = 0; t < kOTiles; ++t) {
-        wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, __half, wmma::row_major> v_frag;
-        wmma::load_matrix_sync(v_frag, V_j + kk * kFrag * kH + (half_id * kOTiles + t) * kFrag, kH);
-        wmma::mma_sync(O_frag[t], p_frag, v_frag, O_frag[t]);
-      }
-    }
+    wmma_rung::rescale_and_accumulate<kBlockN, kOTiles, kH, kP16Stride>(O_frag, diag + stripe * kFrag * kFrag, P16_w, V_j,
+                                                                       half_id);
   }
 
   // O = diag(1 / l_i) O through the same broadcast tile; every row has l_i >= 1 (its max term is exp2(0))
