@@ -146,7 +146,7 @@ constexpr int kWarpSize = 32;
 // The element type as kernel names spell it (c++filt): "__half" or "__nv_bfloat16".
 template <class T>
 constexpr const char* type_name() {
-  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "an element type: __half or __nv_bfloat16");
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "__half or __nv_bfloat16");
   return std::is_same_v<T, __half> ? "__half" : "__nv_bfloat16";
 }
 

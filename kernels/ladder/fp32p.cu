@@ -205,8 +205,8 @@ __global__ void __launch_bounds__(kThreads) fp32p_fwd(FlashcoreParams p) {
     __syncwarp();
 
     // O = diag(alpha) O + P V
-    wmma_rung::rescale_and_accumulate<kBlockN, kOTiles, kH, kP16Stride>(O_frag, diag + stripe * kFrag * kFrag, P16_w, V_j,
-                                                                       half_id);
+    wmma_rung::rescale_and_accumulate<kBlockN, kOTiles, kH, kP16Stride>(O_frag, diag + stripe * kFrag * kFrag, P16_w,
+                                                                       V_j, half_id);
   }
 
   // O = diag(1 / l_i) O through the same broadcast tile; every row has l_i >= 1 (its max term is exp2(0))

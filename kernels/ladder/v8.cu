@@ -79,7 +79,8 @@ __global__ void __launch_bounds__(Tiles<kHeadDim>::kThreads, kMinBlocksPerSm) v8
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
   if (max_plans < 1) return 0;
   if (head_dim == 64) plans[0] = {FC_PLAN_NAME(v8_fwd, 64), Tiles<64>::kThreads, Tiles<64>::SmemLayout::kBytes};
-  else if (head_dim == 128) plans[0] = {FC_PLAN_NAME(v8_fwd, 128), Tiles<128>::kThreads, Tiles<128>::SmemLayout::kBytes};
+  else if (head_dim == 128)
+    plans[0] = {FC_PLAN_NAME(v8_fwd, 128), Tiles<128>::kThreads, Tiles<128>::SmemLayout::kBytes};
   else return 0;
   return 1;
 }

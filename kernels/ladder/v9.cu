@@ -54,12 +54,12 @@
 // Measured (H200, `flashcore bench --all`, L2 flushed before each call, median of 200 / 100 calls):
 //   1,8,512,64:   11.6 us (1.38x faster than v8; 1.03x SDPA default)
 //   2,16,4096,64: 723 us, 190.1 TFLOP/s (1.55x v8)
-// Stress (scripts/stress.py): 2,000 launches over random shapes (S in [1, 1100], S=1 every 20th, causal and not), all OK;
-// compute-sanitizer memcheck, racecheck, synccheck clean on 1,2,97,64 causal, racecheck also on 1,132,97,64 and
+// Stress (scripts/stress.py): 2,000 launches over random shapes (S in [1, 1100], S=1 every 20th, causal and not), all
+// OK; compute-sanitizer memcheck, racecheck, synccheck clean on 1,2,97,64 causal, racecheck also on 1,132,97,64 and
 // 1,2,97,128.
 // Parts: ladder/v9_traits.cuh (configuration, shared-memory layout), ladder/v9_producer.cuh (the producer warp),
-// ladder/v9_consumer.cuh (a consumer warp's main loop, merge and store) with ladder/v9_warp.cuh (its scores, reductions and O
-// store); this file holds the kernel, its launcher and the contract's entry points.
+// ladder/v9_consumer.cuh (a consumer warp's main loop, merge and store) with ladder/v9_warp.cuh (its scores, reductions
+// and O store); this file holds the kernel, its launcher and the contract's entry points.
 #include "flashcore.h"
 #include "ladder/v9_consumer.cuh"
 #include "ladder/v9_producer.cuh"

@@ -1,6 +1,6 @@
-// ladder/v9_traits.cuh — v9's configuration (kernels/ladder/v9.cu tells the rung's story): the warp roles (four consumer warps,
-// one producer), the two CTA shapes (Config), the shared-memory layout of the K/V ring and the warps' scratch
-// (SmemLayout), the WMMA fragment types, the key-split pair's named barriers and the tile count producer and
+// ladder/v9_traits.cuh — v9's configuration (kernels/ladder/v9.cu tells the rung's story): the warp roles (four
+// consumer warps, one producer), the two CTA shapes (Config), the shared-memory layout of the K/V ring and the warps'
+// scratch (SmemLayout), the WMMA fragment types, the key-split pair's named barriers and the tile count producer and
 // consumers agree on. Read by ladder/v9_producer.cuh, ladder/v9_warp.cuh, ladder/v9_consumer.cuh and ladder/v9.cu.
 #pragma once
 

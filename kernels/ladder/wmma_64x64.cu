@@ -206,8 +206,8 @@ __global__ void __launch_bounds__(kThreads) wmma_64x64_fwd(FlashcoreParams p) {
     __syncthreads();
 
     // O = diag(alpha) O + P V
-    wmma_rung::rescale_and_accumulate<kBlockN, kOTiles, kH, kP16Stride>(O_frag, diag + stripe * kFrag * kFrag, P_ij + stripe * kFrag * kP16Stride, V_j,
-                                                                       half_id);
+    wmma_rung::rescale_and_accumulate<kBlockN, kOTiles, kH, kP16Stride>(
+        O_frag, diag + stripe * kFrag * kFrag, P_ij + stripe * kFrag * kP16Stride, V_j, half_id);
   }
 
   // O = diag(1 / l_i) O through the same broadcast tile; every row has l_i >= 1 (its max term is exp2(0))

@@ -1,5 +1,5 @@
-// ladder/wmma_pipeline_traits.cuh — the tiles of the WMMA FlashAttention body (ladder/wmma_pipeline.cuh) of v8 and v10: WMMA
-// fragment types, a rung's tile configuration and its shared-memory layout, and the memory steps that read them
+// ladder/wmma_pipeline_traits.cuh — the tiles of the WMMA FlashAttention body (ladder/wmma_pipeline.cuh) of v8 and v10:
+// WMMA fragment types, a rung's tile configuration and its shared-memory layout, and the memory steps that read them
 // (cp.async tile loads, L2 prefetch, the accumulator row map, fp16 packing).
 #pragma once
 

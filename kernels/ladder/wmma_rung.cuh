@@ -40,7 +40,9 @@ __device__ __forceinline__ void load_q(AFrag (&q_frag)[kHeadDim / kFrag], __half
   }
   __syncthreads();
 #pragma unroll
-  for (int kk = 0; kk < kHeadDim / kFrag; ++kk) wmma::load_matrix_sync(q_frag[kk], Q_i + stripe * kFrag * kH + kk * kFrag, kH);
+  for (int kk = 0; kk < kHeadDim / kFrag; ++kk) {
+    wmma::load_matrix_sync(q_frag[kk], Q_i + stripe * kFrag * kH + kk * kFrag, kH);
+  }
 }
 
 // A softmax thread's scores (keys key0..) in log2 units, -inf past the sequence end and (causal) past the

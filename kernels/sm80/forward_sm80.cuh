@@ -2,7 +2,8 @@
 // prologue (Q_i, the first K/V stages, the L2 prefetch of short sequences), the main loop over key tiles in
 // its three forms (cp.async; TMA one tile at a time; TMA with the next S computed beside this tile's softmax
 // and P V), and the epilogue (O_i normalised and stored, or the key groups merged; the row LSE when asked).
-// The warp-level fragment code is common/fa2_fragments.cuh; the configuration sm80/v11_traits.cuh; kernels and launcher sm80/v11.cu.
+// The warp-level fragment code is common/fa2_fragments.cuh; the configuration sm80/v11_traits.cuh; kernels and launcher
+// sm80/v11.cu.
 #pragma once
 
 #include "common/fa2_fragments.cuh"

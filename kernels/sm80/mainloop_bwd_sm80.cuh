@@ -1,8 +1,8 @@
 // sm80/mainloop_bwd_sm80.cuh — v11's backward kernel on mma.sync: the main loop of a K/V-stationary CTA over the query
 // blocks that see its keys (S^T, dP^T, dV, dK from registers; dS^T through shared memory for dQ; at D = 128 on
 // sm_90 warp pairs exchange P^T and dS^T through shared memory too and take dV, dK after the barrier) with its
-// epilogue (dK, dV stored). The warp-level parts are sm80/warp_bwd_sm80.cuh; the configuration sm80/v11_bwd_traits.cuh; the
-// passes before and after it common/bwd_passes.cuh; the launcher sm80/v11_bwd.cu.
+// epilogue (dK, dV stored). The warp-level parts are sm80/warp_bwd_sm80.cuh; the configuration sm80/v11_bwd_traits.cuh;
+// the passes before and after it common/bwd_passes.cuh; the launcher sm80/v11_bwd.cu.
 #pragma once
 
 #include "sm80/warp_bwd_sm80.cuh"

@@ -5,10 +5,10 @@
 // it; P = exp2(S * scale * log2 e - m) is packed to fp16 in place, and since the C fragments of two n8
 // tiles ARE the A fragment of the next mma, P V runs straight from those registers. K_j and V_j stream through
 // a cp.async ring in XOR-swizzled shared memory, read by ldmatrix .x4 (.trans for V) free of bank conflicts.
-// Parts: sm80/v11_traits.cuh (the tile configurations), sm80/forward_sm80.cuh (a CTA's prologue, main loop and epilogue),
-// common/fa2_fragments.cuh (the warp's fragments), common/tma.cuh, sm80/v11_kernels.cuh (the kernels and their launcher, instantiated here for
-// fp16 at D=64, in sm80/v11_bf16.cu for bf16 at D=64 and in sm80/v11_d128.cu for both at D=128: three translation units that
-// compile in parallel); this file holds the contract's entry points. Backward: sm80/v11_bwd.cu.
+// Parts: sm80/v11_traits.cuh (tile configurations), sm80/forward_sm80.cuh (a CTA's prologue, main loop, epilogue),
+// common/fa2_fragments.cuh (the warp's fragments), sm80/v11_kernels.cuh (kernels and launcher, instantiated here for
+// fp16 at D=64, in sm80/v11_bf16.cu for bf16 and in sm80/v11_d128.cu for D=128: translation units that compile in
+// parallel); this file holds the contract's entry points. Backward: sm80/v11_bwd.cu.
 //
 // Change from the rungs below (v8-v10, WMMA): WMMA's fragment layout is unspecified, so they sent every tile's
 // scores through shared memory for the softmax, and P again for P V, with barriers between; PTX specifies
@@ -65,7 +65,8 @@
 #include "flashcore.h"
 #include "sm80/v11_kernels.cuh"
 
-// The bf16 half (sm80/v11_bf16.cu; D=128 in sm80/v11_d128.cu) and the backward (sm80/v11_bwd.cu), each its own translation unit.
+// The bf16 half (sm80/v11_bf16.cu; D=128 in sm80/v11_d128.cu) and the backward (sm80/v11_bwd.cu), each its own
+// translation unit.
 const char* v11_forward_bf16(const FlashcoreParams& p, cudaStream_t stream);
 int v11_plan_bf16(int head_dim, FlashcoreKernelPlan* plans);
 int v11_backward_plan(int head_dim, FlashcoreKernelPlan* plans);

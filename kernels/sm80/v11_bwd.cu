@@ -9,16 +9,16 @@
 //   main   one CTA per block of kBlockN keys of one K/V head holds K_j, V_j (and dK_j, dV_j in registers) and
 //          walks every query block (of every query head of its group, under GQA) that can see them, with Q_i,
 //          dO_i, LSE_i, D_i double-buffered by cp.async. Each warp owns 16 or 32 keys and computes S^T and dP^T,
-//          so dV += P^T dO and dK += dS^T Q run from registers (sm80/warp_bwd_sm80.cuh); dS^T goes through shared memory
-//          once, for dQ_i += dS K_j, which every key block adds into the fp32 accumulator (below);
+//          so dV += P^T dO and dK += dS^T Q run from registers (sm80/warp_bwd_sm80.cuh); dS^T goes through
+//          shared memory once, for dQ_i += dS K_j, which every key block adds into the fp32 accumulator (below);
 //   dq     dQ = accumulator * scale, rounded to the element type.
 // Causal (bottom-right): a key block starts at the first query block that sees it; only blocks that cross
 // the diagonal are masked. dK and dV are deterministic (one CTA owns each key row); dQ is not bitwise
 // deterministic (the order of the fp32 additions from different key blocks varies from run to run).
 //
 // Change from the rungs below: the first backward of the ladder. v11's forward (sm80/v11.cu) writes the LSE.
-// Parts: sm80/v11_bwd_traits.cuh (configurations), common/bwd_passes.cuh (workspace, prep and dq), sm80/mainloop_bwd_sm80.cuh
-// (main), sm80/warp_bwd_sm80.cuh (the warp's fragments); this file launches them.
+// Parts: sm80/v11_bwd_traits.cuh (configurations), common/bwd_passes.cuh (workspace, prep and dq),
+// sm80/mainloop_bwd_sm80.cuh (main), sm80/warp_bwd_sm80.cuh (the warp's fragments); this file launches them.
 //
 // Configuration (V11BwdConfig<D, BLOCK_N, BLOCK_M, KV_IN_REGS, WARP_KEYS>):
 //   D=64   sm_90: 128 keys (4 warps of 32 keys) x 64 queries per step, two CTAs per SM (97 KB each): the two
@@ -125,7 +125,8 @@ const char* backward_dtype(const FlashcoreBackwardParams& b, cudaStream_t stream
 
 template <class Cfg, class T>
 FlashcoreKernelPlan main_plan() {
-  const char* config = FC_PLAN_NAME(V11BwdConfig, Cfg::kHeadDim, Cfg::kBlockN, Cfg::kBlockM, Cfg::kKvInRegs, Cfg::kWarpKeys);
+  const char* config =
+      FC_PLAN_NAME(V11BwdConfig, Cfg::kHeadDim, Cfg::kBlockN, Cfg::kBlockM, Cfg::kKvInRegs, Cfg::kWarpKeys);
   return {FC_PLAN_NAME(v11_bwd, config, fc::type_name<T>()), Cfg::kThreads, Cfg::kSmemBytes};
 }
 

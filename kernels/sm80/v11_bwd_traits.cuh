@@ -1,7 +1,7 @@
 // sm80/v11_bwd_traits.cuh — v11's backward configurations: V11BwdConfig (keys per CTA, queries per step, the warp
-// tile as common/fa2_fragments.cuh sees it, how dQ_i is shared by the warps, the shared-memory layout), the configurations
-// each build and grid takes. Read by sm80/mainloop_bwd_sm80.cuh and sm80/v11_bwd.cu's launcher (the workspace and the
-// passes before and after the main kernel: common/bwd_passes.cuh).
+// tile as common/fa2_fragments.cuh sees it, how dQ_i is shared by the warps, the shared-memory layout), the
+// configurations each build and grid takes. Read by sm80/mainloop_bwd_sm80.cuh and sm80/v11_bwd.cu's launcher (the
+// workspace and the passes before and after the main kernel: common/bwd_passes.cuh).
 #pragma once
 
 #include "common/bwd_passes.cuh"
@@ -36,7 +36,8 @@ struct V11BwdConfig {
   // With kDHalves = 2 the warp's one slice is its half of the step's queries.
   static constexpr int kSliceM = kDHalves == 2 ? kBlockM / 2 : kWarpKeys == 16 ? kBlockM : 32;
   static constexpr int kSlices = kDHalves == 2 ? 1 : kBlockM / kSliceM;
-  // The warp tile as common/fa2_fragments.cuh's warp_scores sees it: "Q" = the warp's keys, "K" = a slice of the query block.
+  // The warp tile as common/fa2_fragments.cuh's warp_scores sees it: "Q" = the warp's keys, "K" = a slice of the query
+  // block.
   static constexpr int kMTiles = kWarpKeys / 16;
   static constexpr int kNTiles = kSliceM / 8;
   static constexpr int kDTiles = kHeadDim / 8;
@@ -56,8 +57,8 @@ struct V11BwdConfig {
   // fp32 panels [32 columns][kBlockM rows], 128-byte swizzled) instead of red.add from every lane.
   static constexpr bool kTmaDq = fc::kBuildsSm90;
   static constexpr int kDqPanels = kHeadDim / 32;
-  // How sm80/warp_bwd_sm80.cuh's stage_dq addresses the staging tile: per store from the column (D = 64 at 32 keys per warp,
-  // where the held base spills), or one base plus compile-time offsets (136 fewer instructions per step).
+  // How sm80/warp_bwd_sm80.cuh's stage_dq addresses the staging tile: per store from the column (D = 64 at 32 keys per
+  // warp, where the held base spills), or one base plus compile-time offsets (136 fewer instructions per step).
   static constexpr bool kDqStagePerStore = kWarpKeys == 32 && kDHalves == 1;
   // Shared memory: K_j | V_j | dQ staging (sm_90) | (Q_i, dO_i) x 2 stages | dS^T | P^T (kDHalves = 2) |
   // (LSE_i log2 e, D_i) x 2.

@@ -1,6 +1,6 @@
 // sm80/v11_kernels.cuh — v11's forward kernels and their launcher, split over translation units that compile in
-// parallel (an edit of one recompiles it alone): sm80/v11.cu instantiates the D=64 kernels for fp16, sm80/v11_bf16.cu for
-// bf16, sm80/v11_d128.cu the D=128 kernels of both (v11_forward_d128, v11_plan_d128 below). The kernels' bodies are
+// parallel (an edit of one recompiles it alone): sm80/v11.cu instantiates the D=64 kernels for fp16, sm80/v11_bf16.cu
+// for bf16, sm80/v11_d128.cu the D=128 kernels of both (v11_forward_d128, v11_plan_d128 below). The kernels' bodies are
 // sm80/forward_sm80.cuh; the story is sm80/v11.cu's header.
 #pragma once
 
@@ -63,7 +63,8 @@ static Regime pick_regime(int batch_heads, int seq_len, int long_block_m, int nu
 // The kernels' names as c++filt prints them, for the plan and the fallback note (e.g. "v11_fwd<64, 128, 64, 32, 2, 1,
 // 2>": the kernel and Cfg's template arguments).
 #define V11_PLAN_NAME(kernel, Cfg) \
-  FC_PLAN_NAME(kernel, Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit, Cfg::kMinBlocks)
+  FC_PLAN_NAME(kernel, Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit, \
+               Cfg::kMinBlocks)
 
 template <class Cfg, class T>
 static const char* kernel_name() {
@@ -126,8 +127,8 @@ static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
   return fc::launch_status();
 }
 
-// A [B * H_kv][S_kv][D] fp16 (bf16) tensor as a 3-D map whose boxes are a stage's kTileN rows x D (D = 64: one 128-byte row
-// per box row), swizzled 128 bytes (the chunk ^ (row & 7) layout the kernel reads), zeros past S. False when
+// A [B * H_kv][S_kv][D] fp16 (bf16) tensor as a 3-D map whose boxes are a stage's kTileN rows x D (D = 64: one 128-byte
+// row per box row), swizzled 128 bytes (the chunk ^ (row & 7) layout the kernel reads), zeros past S. False when
 // the driver refuses it (a misaligned base, say); the caller then takes the cp.async kernel.
 template <class Cfg, class T>
 static bool encode_rows_map(CUtensorMap* map, const void* base, const FlashcoreParams& p) {

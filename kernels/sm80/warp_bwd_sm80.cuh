@@ -1,4 +1,5 @@
-// sm80/warp_bwd_sm80.cuh — FlashAttention-2's backward, the warp's part, on mma.sync m16n8k16 fragments (v11's backward).
+// sm80/warp_bwd_sm80.cuh — FlashAttention-2's backward, the warp's part, on mma.sync m16n8k16 fragments (v11's
+// backward).
 //
 // The CTA holds a block of keys K_j, V_j (kBlockN rows, kWarpKeys = 16 or 32 per warp: kMTiles m16 tiles) and
 // walks the query blocks Q_i, dO_i (kBlockM rows) that can see them, in slices of kSliceM queries (the whole

@@ -3,8 +3,8 @@
 // by TMA into two stages, another loads each tile's K_j, V_j, and two consumer warpgroups of 64 keys each run the
 // five products on wgmma (the consumer step and the kernel below). The passes before and after it are
 // common/bwd_passes.cuh's; the loads and the tile hand-over sm90/producer_bwd_sm90.cuh's; dQ_i's product, staging and
-// reduce-add sm90/bwd_dq_sm90.cuh's; a tile's dK and dV out sm90/epilogue_bwd_sm90.cuh's; the configuration and the tile list
-// sm90/v12_bwd_traits.cuh's; the launcher sm90/v12_bwd.cu.
+// reduce-add sm90/bwd_dq_sm90.cuh's; a tile's dK and dV out sm90/epilogue_bwd_sm90.cuh's; the configuration and the
+// tile list sm90/v12_bwd_traits.cuh's; the launcher sm90/v12_bwd.cu.
 #pragma once
 
 #include "sm90/bwd_dq_sm90.cuh"

@@ -8,10 +8,11 @@
 // Overlaps: ping-pong (named barriers give the consumers turns, so one's exp2 runs while another's GEMMs do),
 // intra-warpgroup (S_{j+1} is issued with P_j V_j and its softmax runs while P_j V_j is in flight), and across
 // items (the next Q_i loads once every consumer's last S has landed, during the last P V and the epilogue, which
-// stages O in a tile of its own and stores it by TMA). Parts: sm90/v12_traits.cuh (configurations), sm90/tile_scheduler_sm90.cuh
-// (the work list and its planner), sm90/consumer_sm90.cuh (softmax, GEMMs), sm90/mainloop_fwd_sm90.cuh (the kernel and its
-// roles: producer, relay_turns, mainloop, consumer), sm90/epilogue_fwd_sm90.cuh (O and the LSE stored); this file launches
-// it. Primitives: common/hopper.cuh, common/tma.cuh. (The split into roles, measured beside the build before: docs/ladder.md.)
+// stages O in a tile of its own and stores it by TMA). Parts: sm90/v12_traits.cuh (configurations),
+// sm90/tile_scheduler_sm90.cuh (the work list and its planner), sm90/consumer_sm90.cuh (softmax, GEMMs),
+// sm90/mainloop_fwd_sm90.cuh (the kernel and its roles: producer, relay_turns, mainloop, consumer),
+// sm90/epilogue_fwd_sm90.cuh (O and the LSE stored); this file launches it. Primitives: common/hopper.cuh,
+// common/tma.cuh. (The split into roles, measured beside the build before: docs/ladder.md.)
 //
 // Change from v11 (mma.sync, every warp loads and computes): wgmma (HGMMA) instead of HMMA + ldmatrix, TMA
 // instead of cp.async, producer/consumer roles (the seeds' v9 and v10 ideas) on the hardware made for them.

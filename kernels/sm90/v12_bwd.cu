@@ -14,10 +14,10 @@
 // accumulator every key block adds to), issued by a warp of the producer warpgroup; at a tile's end each consumer's
 // dV and dK go through a staging tile of its own (stmatrix) and out by TMA store. The stage thread claims the
 // CTA's next tile from a counter as it issues a tile's last stage; causal lists go heaviest first within groups of
-// heads (sm90/v12_bwd_traits.cuh), so the claims even the SMs' loads out. Passes around it (common/bwd_passes.cuh, shared with
-// v11): prep (D = rowsum(dO o O) from the fp32 O, LSE log2 e, accumulator and counter zeroed) and dq (accumulator
-// times scale, rounded). Causal (bottom-right): a tile starts at the first query block that sees it; only steps
-// crossing the diagonal are masked. dK, dV deterministic; dQ's fp32 additions from different tiles in any order.
+// heads (sm90/v12_bwd_traits.cuh), so the claims even the SMs' loads out. Passes around it (common/bwd_passes.cuh,
+// shared with v11): prep (D = rowsum(dO o O) from the fp32 O, LSE log2 e, accumulator and counter zeroed) and dq
+// (accumulator times scale, rounded). Causal (bottom-right): a tile starts at the first query block that sees it; only
+// steps crossing the diagonal are masked. dK, dV deterministic; dQ's fp32 additions from different tiles in any order.
 //
 // Change from v11's backward: wgmma (HGMMA) instead of mma.sync + ldmatrix; TMA and producer threads instead of
 // cp.async from every thread; dS stored by stmatrix .trans; dQ reduced by TMA from every step; the consumers never
@@ -25,8 +25,8 @@
 // dK, dV stored by TMA from shared memory instead of 4-byte stores from every thread.
 // Parts: sm90/v12_bwd_traits.cuh (configuration, layout, tile list), sm90/producer_bwd_sm90.cuh (the loads, the tile
 // hand-over), sm90/mainloop_bwd_sm90.cuh (the consumers, the kernel), sm90/bwd_dq_sm90.cuh (dQ_i's product, staging,
-// reduce-add, the dQ warp), sm90/epilogue_bwd_sm90.cuh (dK, dV out), common/bwd_passes.cuh (prep, dq), sm90/consumer_sm90.cuh (the
-// forward's GEMM and packing steps).
+// reduce-add, the dQ warp), sm90/epilogue_bwd_sm90.cuh (dK, dV out), common/bwd_passes.cuh (prep, dq),
+// sm90/consumer_sm90.cuh (the forward's GEMM and packing steps).
 //
 // Configuration: D = 64: 128 queries per step (dQ tiles split by rows), D = 128: 64 (split by columns); 2 stages;
 // dS double-buffered; 212 KB at D = 64, 227 KB at D = 128; registers 24 (producer warpgroup) / 240 (consumers), the

@@ -33,7 +33,8 @@ struct BwdConfig {
   static constexpr bool kDqByRows = kBlockM == 128;
   static constexpr int kDqRows = kDqByRows ? 64 : kBlockM;  // query rows of one consumer's dQ tile
   static constexpr int kDqRegs = kDqRows * 64 / fc::kWarpgroupThreads;  // its fp32 accumulators per thread
-  static_assert((kDqByRows ? kHeadDim : kHeadDim / 2) == 64 && kDqRows == 64, "dQ: two tiles of 64 columns, 64 query rows");
+  static_assert((kDqByRows ? kHeadDim : kHeadDim / 2) == 64 && kDqRows == 64,
+                "dQ: two tiles of 64 columns, 64 query rows");
   // Shared memory, every tile 1024-byte aligned (the swizzle atom): K_j | V_j | (Q_i, dO_i) x 2 stages |
   // dS x 2 | dQ staging x 2 consumers | (LSE_i log2 e, D_i) x 2 stages | mbarriers | a dK/dV staging tile per
   // consumer (dV, then dK through it; where it fits: kEpiStaged).
@@ -72,9 +73,9 @@ struct BwdMaps {
 // The CTAs are persistent, one per SM (at most one per tile); a tile is one block of 128 keys of one K/V head. CTA c
 // starts with tile c; its producer claims each next one from the workspace's counter (#CTAs + the count so far) as
 // it issues its tile's last stage, about two steps before the consumers finish it, and hands it to the CTA's other
-// roles through shared memory (sm90/producer_bwd_sm90.cuh: bwd_publish_tile, bwd_take_tile). The list: without the mask,
-// head-major, a head's key blocks side by side, so the tiles running at once walk few heads' Q, dO and dQ through L2
-// together; causal, heads in groups of max(1, #CTAs / key blocks), each group's tiles heaviest first (every head's
+// roles through shared memory (sm90/producer_bwd_sm90.cuh: bwd_publish_tile, bwd_take_tile). The list: without the
+// mask, head-major, a head's key blocks side by side, so the tiles running at once walk few heads' Q, dO and dQ through
+// L2 together; causal, heads in groups of max(1, #CTAs / key blocks), each group's tiles heaviest first (every head's
 // key block 0, which the most query blocks see, then block 1, ...): claimed in that order the CTAs' loads even out
 // as a longest-first greedy's do, while the tiles running at once still come from about two groups.
 struct BwdTile {

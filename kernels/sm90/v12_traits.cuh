@@ -1,7 +1,7 @@
 // sm90/v12_traits.cuh — v12's configurations: Config (head dim, keys per K/V tile, consumer warpgroups, ring slots; the
 // register split and the shared-memory layout derived from them), the mbarriers and tensor maps a CTA holds, and
-// the configurations the launcher takes. Read by every part of v12 (sm90/tile_scheduler_sm90.cuh, sm90/consumer_sm90.cuh,
-// sm90/mainloop_fwd_sm90.cuh, sm90/epilogue_fwd_sm90.cuh) and sm90/v12.cu.
+// the configurations the launcher takes. Read by every part of v12 (sm90/tile_scheduler_sm90.cuh,
+// sm90/consumer_sm90.cuh, sm90/mainloop_fwd_sm90.cuh, sm90/epilogue_fwd_sm90.cuh) and sm90/v12.cu.
 #pragma once
 
 #include "flashcore.h"
