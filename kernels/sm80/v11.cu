@@ -6,8 +6,8 @@
 // tiles ARE the A fragment of the next mma, P V runs straight from those registers. K_j and V_j stream through
 // a cp.async ring in XOR-swizzled shared memory, read by ldmatrix .x4 (.trans for V) free of bank conflicts.
 // Parts: sm80/v11_traits.cuh (tile configurations), sm80/forward_sm80.cuh (a CTA's prologue, main loop, epilogue),
-// common/fa2_fragments.cuh (the warp's fragments), sm80/v11_kernels.cuh (kernels and launcher, instantiated here for
-// fp16 at D=64, in sm80/v11_bf16.cu for bf16 and in sm80/v11_d128.cu for D=128: translation units that compile in
+// common/fa2_fragments.cuh (the warp's fragments), sm80/launch_fwd_sm80.cuh (kernels and launcher, instantiated here
+// for fp16 at D=64, in sm80/v11_bf16.cu for bf16 and in sm80/v11_d128.cu for D=128: translation units that compile in
 // parallel); this file holds the contract's entry points. Backward: sm80/v11_bwd.cu.
 //
 // Change from the rungs below (v8-v10, WMMA): WMMA's fragment layout is unspecified, so they sent every tile's
@@ -63,7 +63,7 @@
 // merge) and of query tiles (TMA multicast), tensor-map prefetch, cp.async short kernel on sm_90, next S before
 // this softmax, wider TMA tiles, 16-row CTAs two per SM, FlashAttention-4's lazy rescale: none beat the kept kernels.
 #include "flashcore.h"
-#include "sm80/v11_kernels.cuh"
+#include "sm80/launch_fwd_sm80.cuh"
 
 // The bf16 half (sm80/v11_bf16.cu; D=128 in sm80/v11_d128.cu) and the backward (sm80/v11_bwd.cu), each its own
 // translation unit.

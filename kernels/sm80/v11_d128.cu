@@ -1,8 +1,8 @@
 // sm80/v11_d128.cu — v11's D=128 forward kernels, fp16 and bf16, in a translation unit of their own: it compiles beside
 // sm80/v11.cu's and sm80/v11_bf16.cu's D=64 halves, so an edit of one of them recompiles about half as many kernels as
-// before (sm80/v11_kernels.cuh declares the two functions below; sm80/v11.cu's header tells the rung's story).
+// before (sm80/launch_fwd_sm80.cuh declares the two functions below; sm80/v11.cu's header tells the rung's story).
 #include "flashcore.h"
-#include "sm80/v11_kernels.cuh"
+#include "sm80/launch_fwd_sm80.cuh"
 
 template <class T>
 const char* v11_forward_d128(const FlashcoreParams& p, cudaStream_t stream) {

@@ -1,4 +1,4 @@
-// sm80/v11_kernels.cuh — v11's forward kernels and their launcher, split over translation units that compile in
+// sm80/launch_fwd_sm80.cuh — v11's forward kernels and their launcher, split over translation units that compile in
 // parallel (an edit of one recompiles it alone): sm80/v11.cu instantiates the D=64 kernels for fp16, sm80/v11_bf16.cu
 // for bf16, sm80/v11_d128.cu the D=128 kernels of both (v11_forward_d128, v11_plan_d128 below). The kernels' bodies are
 // sm80/forward_sm80.cuh; the story is sm80/v11.cu's header.
