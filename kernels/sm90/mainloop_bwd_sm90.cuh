@@ -26,9 +26,11 @@
 //   - P^T computed while dP^T's wgmma runs and dS^T while dV's (D = 128): 1397.8 against 1355.6 us at 2,16,4096,128,
 //     779.3 against 762.6 causal;
 //   - no lag (both consumers meet each step before dQ_i): 7% slower at 2,16,4096,64 and 1,16,16384,64, 4% at 64
-//     causal, 0-1% at the D = 128 rows; dQ_i issued after dK's (no lag): no target row moved;
+//     causal, 0-1% at the D = 128 rows. Without the lag, dQ_i issued after dK's was within the spread at D = 128
+//     and 1.8% faster at 2,16,4096,64 in one run; the lag needs dQ first;
 //   - 80 queries per step at D = 128 (FlashAttention-3's choice, dQ^T computed transposed): 1351.7 against 1301.0 us
-//     at 2,16,4096,128 on the H200, and no faster in four runs on the H100.
+//     at 2,16,4096,128 for the 64-query build without the lag (H200), and no faster in four runs on the H100.
+
 // The threads that read each round's tile from the producer: the K/V loader, the dQ warp, both consumers.
 constexpr int kTileReaders = 1 + 32 + 2 * fc::kWarpgroupThreads;
 

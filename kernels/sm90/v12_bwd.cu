@@ -53,11 +53,12 @@
 // - `flashcore test v12` 216 OK; the 2-CTA build 216 OK, its sanitizers clean; 2000 random launches with gradients
 //   all OK, worst 0.97 (v12-bwd-epilogue-checks-2026-11-27.txt).
 // Tried, not kept (docs/ladder.md has each run): dQ added from registers by red.global.add (10-15% slower);
-// P^T under dP^T's wgmma (within 2%); dQ issued after dK (no target row moves); FA3's 80 queries per step at
-// D = 128 (no faster); the consumers taking turns to issue S^T, dP^T (within 1.4%); tiles dealt in static snake
-// rounds (6.4% slower at 1,16,16384,128 causal: the tiles running at once spanned all 16 heads' Q, dO and dQ); three
-// Q_i/dO_i stages at D = 128 (0.0% and 1.1%: the consumers' waits on a stage are not the loads').
-// Not reached: the 1.1x moonshot at the D = 128 rows (1.03x and 1.04x in turn with cuDNN, twice on the H200).
+// P^T under dP^T's wgmma (within 2%); no dQ lag, with dQ issued before or after dK; FA3's 80 queries per step at
+// D = 128 (no faster; sm90/mainloop_bwd_sm90.cuh has the numbers); the consumers taking turns to issue S^T, dP^T
+// (within 1.4%); tiles dealt in static snake rounds (6.4% slower at 1,16,16384,128 causal: the tiles running at once
+// spanned all 16 heads' Q, dO and dQ); three Q_i/dO_i stages at D = 128 (0.0% and 1.1%: the consumers' waits on a stage
+// are not the loads'). Not reached: the 1.1x moonshot at the D = 128 rows (1.03x and 1.04x in turn with cuDNN, twice on
+// the H200).
 #include "common/bwd_passes.cuh"
 #include "flashcore.h"
 #include "common/hopper.cuh"
