@@ -62,7 +62,7 @@ def test_scaffold_compiles_and_keeps_the_registry_text(project, nvcc, fresh_cach
     source = (project / "kernels" / "mine.cu").read_text()
     assert source.startswith("// mine.cu — ") and "Change from the previous rung (baseline)" in source
     assert "baseline_fwd" not in source.split("#include", 1)[1]  # every kernel name in the code was renamed
-    assert '"mine_fwd<64>"' in source  # flashcore_plan's kernel names follow
+    assert "FC_PLAN_NAME(mine_fwd, 64)" in source  # flashcore_plan's kernel names follow (from the renamed identifier)
     registry = (project / "variants.yaml").read_text()
     assert registry.startswith(REGISTRY.rstrip("\n"))  # comments and entries untouched: appended text only
     assert load_registry(project / "variants.yaml").get("mine").sources == (project / "kernels" / "mine.cu",)
