@@ -229,7 +229,7 @@ static void define_module(py::module_& m) {
         py::arg("dq") = py::none(), py::arg("dk") = py::none(), py::arg("dv") = py::none());
   m.def("dtypes", &flashcore_dtypes, "the element types the launcher takes: a mask of 1 << (0: fp16, 1: bf16)");
   m.def("max_seq_len", &flashcore_max_seq_len, "the most query rows the launcher takes (0: any)");
-  m.def("features", &flashcore_features, "what else it supports: a mask of 1 << (0: gqa, 1: seqlen_kv, 2: lse, 3: backward)");
+  m.def("features", &flashcore_features, "what else it supports: a mask of FlashcoreFeature (kernels/flashcore.h)");
   m.def("plan", &plan, "the kernels, threads and dynamic shared memory the launcher uses at a head dim",
         py::arg("head_dim"));
   m.def("forward_note", []() -> py::object {

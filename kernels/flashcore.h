@@ -34,21 +34,28 @@
 // H_kv = H and S_kv = S.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdarg>
 #include <cstdio>
+#include <mutex>
+#include <set>
+#include <string>
+#include <type_traits>
 
 enum FlashcoreDtype : int { kFlashcoreFloat16 = 0, kFlashcoreBFloat16 = 1 };
 
-// What a rung supports beyond [B, H, S, D] forward attention (flashcore_features()).
+// What a rung supports beyond [B, H, S, D] forward attention (flashcore_features()). This is the one declaration
+// of the feature bits: the quoted word after each is the name variants.yaml's `features:` gives it, and
+// flashcore_cli (registry/variants.py) reads both from here.
 enum FlashcoreFeature : int {
-  kFlashcoreGqa = 1 << 0,       // H_kv < H: grouped-query and multi-query attention
-  kFlashcoreSeqLenKv = 1 << 1,  // S_kv != S: decode, chunked prefill
-  kFlashcoreLse = 1 << 2,       // writes p.lse when it is not nullptr
-  kFlashcoreBackward = 1 << 3,  // flashcore_backward (implies kFlashcoreLse: the backward reads the forward's;
-                                // and the forward writes p.o_residual where it is given)
+  kFlashcoreGqa = 1 << 0,       // "gqa": H_kv < H, grouped-query and multi-query attention
+  kFlashcoreSeqLenKv = 1 << 1,  // "seqlen_kv": S_kv != S, decode, chunked prefill
+  kFlashcoreLse = 1 << 2,       // "lse": writes p.lse when it is not nullptr
+  kFlashcoreBackward = 1 << 3,  // "backward": flashcore_backward (implies kFlashcoreLse: the backward reads the
+                                // forward's; and the forward writes p.o_residual where it is given)
 };
 
 struct FlashcoreParams {
@@ -93,7 +100,8 @@ struct FlashcoreKernelPlan {
 };
 
 // Fills at most max_plans entries for this head dim; returns how many (0: head dim unsupported). Every
-// reader passes a buffer of kFlashcoreMaxPlans; a rung that would list more fails the probe's check.
+// reader passes a buffer of kFlashcoreMaxPlans; a rung that would list more fails the probe's check. Each
+// entry's kernel name comes from FC_PLAN_NAME (below), never typed out.
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans);
 constexpr int kFlashcoreMaxPlans = 32;
 
@@ -134,6 +142,32 @@ __host__ __device__ __forceinline__ T* tensor(void* ptr) {
 }
 
 constexpr int kWarpSize = 32;
+
+// The element type as kernel names spell it (c++filt): "__half" or "__nv_bfloat16".
+template <class T>
+constexpr const char* type_name() {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "__half or __nv_bfloat16");
+  return std::is_same_v<T, __half> ? "__half" : "__nv_bfloat16";
+}
+
+inline void append_template_argument(std::string& name, int value) { name += std::to_string(value); }
+inline void append_template_argument(std::string& name, bool value) { name += value ? "true" : "false"; }
+inline void append_template_argument(std::string& name, const char* value) { name += value; }
+
+// "kernel<a, b, ...>" as c++filt prints the instantiation, kept for the process (a plan entry points at it).
+// Arguments: ints, bools, element types (type_name<T>()) or nested template names (plan_name itself).
+template <class... Args>
+inline const char* plan_name(const char* kernel, Args... args) {
+  std::string name = kernel;
+  name += '<';
+  int i = 0;
+  ((name += i++ ? ", " : "", append_template_argument(name, args)), ...);
+  name += '>';
+  static std::mutex mutex;
+  static std::set<std::string> names;  // a set's elements never move: the pointers stay valid
+  std::lock_guard<std::mutex> lock(mutex);
+  return names.insert(name).first->c_str();
+}
 
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
@@ -224,3 +258,8 @@ __host__ __device__ inline size_t kv_head_offset(const FlashcoreParams& p, int b
 __host__ __device__ inline int causal_offset(const FlashcoreParams& p) { return p.seq_len_kv - p.seq_len; }
 
 }  // namespace fc
+
+// A plan entry's kernel name from the kernel itself and its template arguments: FC_PLAN_NAME(v9_fwd, 64, 2) is
+// "v9_fwd<64, 2>", the name ptxas reports once demangled. The kernel is named by its identifier, so a renamed
+// kernel (`flashcore new`) renames its plan entry with it.
+#define FC_PLAN_NAME(kernel, ...) fc::plan_name(#kernel, __VA_ARGS__)

@@ -46,7 +46,7 @@ mkdir -p "$LOGS/records"
 START=$(date +%s)
 say() { printf '[%4ds] %s\n' $(($(date +%s) - START)) "$*"; }
 
-# shape | forced split counts beside the model's (0) | what the model picks on 132 SMs x 2 (decode.cu's header)
+# shape | forced split counts beside the model's (0) | what the model picks on 132 SMs x 2 (decode/decode.cu's header)
 SHAPES=(
   "8,32:8,1:8192,128|2,8,16|4"
   "64,32:8,1:4096,128|2,4|1"

@@ -115,26 +115,13 @@ v12pair() {  # issue 30's six rows, v12 timed in turn with cuDNN's (--pair sdpa-
   done
 }
 
-v12_registry() {  # v12_registry FILE NAME DEFINES SUMMARY: variants.yaml (paths from out/) plus v12 built with DEFINES
-  mkdir -p out
-  { sed 's#\(kernels/[A-Za-z0-9_]*\.cu\)#../\1#g' variants.yaml
-    printf '  - name: %s\n    sources: [../kernels/v12.cu, ../kernels/v12_bwd.cu]\n    defines: {%s}\n' "$2" "$3"
-    printf '    archs: [sm_90a]\n    dtypes: [fp16, bf16]\n    features: [gqa, seqlen_kv, lse, backward]\n'
-    printf '    summary: "%s"\n    head_dims: [64, 128]\n    causal: true\n' "$4"; } >"$1"
-}
-
 v12bwd() {  # v12's backward: its test cases (gradients checked), then the backward alone and fwd+bwd at issue 30's
-  # rows beside v11's, SDPA's backends and v12first (the first cut's switches: V12_BWD_OVERLAP=1,
-  # V12_BWD_DQ_FIRST=0, V12_BWD_DQ_WARP=0, V12_BWD_DQ_LAG=0, an entry written for the run into out/, next to
-  # variants.yaml's copy),
-  # one bench run per row
+  # rows beside v11's and SDPA's backends, one bench run per row
   step test-v12 flashcore test v12 --json "$LOGS/test-v12.json"
-  local reg=out/v12-first.yaml
-  v12_registry "$reg" v12first "V12_BWD_OVERLAP: 1, V12_BWD_DQ_FIRST: 0, V12_BWD_DQ_WARP: 0, V12_BWD_DQ_LAG: 0" "v12, its backward with the first cut's switches"
   for spec in "2,16,4096,64" "2,16,4096,64 --causal" "2,16,4096,128" "2,16,4096,128 --causal" "1,16,16384,64" \
               "1,16,16384,128 --causal"; do
     for pass in bwd fwd+bwd; do
-      step "bench-$pass-${spec// /}" flashcore --registry "$reg" bench v12 v12first v11 --pass "$pass" --shape $spec \
+      step "bench-$pass-${spec// /}" flashcore --registry "$REG" bench v12 v11 --pass "$pass" --shape $spec \
         --reps 100 --json "$LOGS/bench-$pass-${spec// /}.json"
     done
   done
@@ -145,7 +132,7 @@ gputests() {  # the gpu-marked pytest suite
 }
 
 loop() {  # the edit loop: its gpu tests (binding built once, edit/revert, two builders at once, watch's steps), then
-  # the issue's timings table, three runs (scripts/loop_timings.sh restores kernels/v11.cu itself)
+  # the issue's timings table, three runs (scripts/loop_timings.sh restores kernels/sm80/v11.cu itself)
   step loop-gpu-tests python3 -m pytest -q -m gpu tests/test_loop_gpu.py
   step loop-timings env LOGS="$LOGS/loop-timings" bash scripts/loop_timings.sh
 }

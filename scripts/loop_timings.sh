@@ -5,14 +5,14 @@
 #   bash scripts/loop_timings.sh            # RUNS=3 by default; LOGS=dir keeps every command's output
 #
 # Steps (wall time of the whole command, as a user waits for it):
-#   edit+build v11   a one-line edit of kernels/v11.cu (a comment with a new token), then `build v11`
+#   edit+build v11   a one-line edit of kernels/sm80/v11.cu (a comment with a new token), then `build v11`
 #   edit+test v11    the same kind of edit, then `test v11 --shapes 1,8,512,64`
 #   cached build v8  `build v8` with nothing changed
 #   build --all      every variant, on an empty FLASHCORE_CACHE (a fresh one per run)
 #   --help           `flashcore --help` (run 1 renders the screen into the user's cache, unless an earlier one did;
 #                    later runs replay it: flashcore_cli/entry.py)
 # The first three use a cache of their own, warmed first (its binding, v8 and v11 built, and v11 tested once;
-# the warm-up's time is printed, not part of the table). kernels/v11.cu is restored on exit, however the script
+# the warm-up's time is printed, not part of the table). kernels/sm80/v11.cu is restored on exit, however the script
 # ends. Exit 1 when a command failed (its cell says FAIL and its output's tail is printed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,7 @@ RUNS=${RUNS:-3}
 PY=${PYTHON:-python3}
 LOGS=${LOGS:-$(mktemp -d /tmp/flashcore-loop-logs-XXXXXX)}
 mkdir -p "$LOGS"
-SRC=kernels/v11.cu
+SRC=kernels/sm80/v11.cu
 BACKUP=$(mktemp /tmp/flashcore-v11-XXXXXX.cu)
 WARM=$(mktemp -d /tmp/flashcore-loop-cache-XXXXXX)
 EMPTY_ROOT=$(mktemp -d /tmp/flashcore-loop-empty-XXXXXX)

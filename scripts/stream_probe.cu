@@ -2,7 +2,7 @@
 // measurements behind docs/ladder.md, decode, "Load forms and the cold flush"; not part of any variant).
 // Each CTA streams its own run of a [keys, 128] fp16 slice of K and of V in 64-key tiles through a 96 KB ring
 // (3 stages of K 16 KB + V 16 KB; two CTAs per SM), one producer lane, four consumer warps that only wait and
-// release (no math), as kernels/decode.cu's split kernel does.
+// release (no math), as kernels/decode/decode.cu's split kernel does.
 // Forms (each with and without an L2::evict_first cache hint):
 //   tma3d  a 3-D map, one 64-column box per panel (two per tile): the decode rung's form before 2026-11-27
 //   tma4d  a 4-D map (64, 2, keys, heads): one box per tile, in memory order
@@ -28,8 +28,8 @@
 #include <cstring>
 #include <vector>
 
-#include "mbarrier.cuh"
-#include "tma.cuh"
+#include "common/mbarrier.cuh"
+#include "common/tma.cuh"
 
 constexpr int kStages = 3, kTileKeys = 64, kD = 128, kTileBytes = kTileKeys * kD * 2, kStageBytes = 2 * kTileBytes;
 constexpr int kSmem = kStages * kStageBytes + 1024;

@@ -26,7 +26,7 @@ def claimed(costs, ctas, lead=0.0, ahead=False):
 
 
 def snake(costs, ctas):
-    """Makespan when round r deals tiles r*ctas.. to the CTAs, alternating direction (tile_scheduler_sm90.cuh)."""
+    """Makespan when round r deals tiles r*ctas.. to the CTAs, alternating direction (sm90/tile_scheduler_sm90.cuh)."""
     load = [0.0] * ctas
     for i, w in enumerate(costs):
         r, c = divmod(i, ctas)

@@ -1,7 +1,7 @@
 """v12's backward, phase by phase: where each consumer warpgroup's cycles go in a step.
 
 Writes a copy of kernels/ (default out/phases/kernels) in which thread 0 of each consumer warpgroup reads %clock at
-every phase boundary of its step loop (the V12_BWD_DQ_LAG path, the default) and adds the difference to a counter
+every phase boundary of its step loop (the dQ lag's) and adds the difference to a counter
 in spare shared memory, and the producer thread, the K/V thread and the dQ warp's lane 0 time their own waits; a
 registry beside it names the copy `v12phases`. On a GPU it then runs each shape's backward 12 times, first with the
 plain v12 and then with the copy, and prints cycles per step per phase: sums over every CTA and call, which a
@@ -12,7 +12,7 @@ one-thread kernel launched after the main kernel (when V12_PROF_PRINT is set) pr
 A trailing c makes a shape causal. The instrumented kernel runs 7-8% slower than v12: each boundary is a
 read-modify-write of shared memory, whose latency lands in the phase after it. Compare phases between builds
 measured the same way, not as absolute times (docs/results/v12-bwd-phase-clocks-2026-11-27.txt). The copy is made
-by inserting code at named places in mainloop_bwd_sm90.cuh, producer_bwd_sm90.cuh, bwd_dq_sm90.cuh and v12_bwd.cu;
+by inserting code at named places in sm90/mainloop_bwd_sm90.cuh, sm90/producer_bwd_sm90.cuh, sm90/bwd_dq_sm90.cuh and sm90/v12_bwd.cu;
 when one of them has changed, the script stops and prints the text it could not find."""
 
 import argparse
@@ -48,7 +48,7 @@ def make(root: str) -> None:
 
     entry = next(e for e in yaml.safe_load((REPO / "variants.yaml").read_text())["variants"] if e["name"] == "v12")
     entry = {k: v for k, v in entry.items() if k not in ("aliases", "notes")}
-    entry.update(name="v12phases", sources=[f"kernels/{Path(src).name}" for src in entry["sources"]],
+    entry.update(name="v12phases", sources=list(entry["sources"]),
                  summary="v12 with clock reads at each phase of its backward's step (scripts/v12_bwd_phases.py)")
     with open(os.path.join(root, "registry.yaml"), "w") as f:
         yaml.safe_dump({"variants": [entry]}, f, sort_keys=False, width=1000)
@@ -74,7 +74,7 @@ __global__ void prof_print() {
   }
 }
 '''
-    p = open(f"{dst}/producer_bwd_sm90.cuh").read()
+    p = open(f"{dst}/sm90/producer_bwd_sm90.cuh").read()
     p = sub(p, '__device__ __forceinline__ unsigned char* v12_bwd_smem()', hdr + '\n__device__ __forceinline__ unsigned char* v12_bwd_smem()')
     p = sub(p, '''      fc::mbarrier_wait_parity(&bars.empty[s], ((it >> 1) & 1) ^ 1);''', '''      { const unsigned _a = prof_clock();
       fc::mbarrier_wait_parity(&bars.empty[s], ((it >> 1) & 1) ^ 1);
@@ -82,8 +82,8 @@ __global__ void prof_print() {
     p = sub(p, '''    fc::mbarrier_wait_parity(&bars.kv_empty, (round & 1) ^ 1);''', '''    { const unsigned _a = prof_clock();
     fc::mbarrier_wait_parity(&bars.kv_empty, (round & 1) ^ 1);
     s_prof()[2 * PROF_N + 1] += prof_clock() - _a; }''')
-    open(f"{dst}/producer_bwd_sm90.cuh", "w").write(p)
-    d = open(f"{dst}/bwd_dq_sm90.cuh").read()
+    open(f"{dst}/sm90/producer_bwd_sm90.cuh", "w").write(p)
+    d = open(f"{dst}/sm90/bwd_dq_sm90.cuh").read()
     d = sub(d, '''        if (leader) fc::tma_store_wait_read<0>();''', '''        { const unsigned _a = prof_clock();
         if (leader) fc::tma_store_wait_read<0>();
         if (leader) s_prof()[2 * PROF_N + 2] += prof_clock() - _a; }''')
@@ -92,8 +92,8 @@ __global__ void prof_print() {
         fc::named_barrier_sync(kDqFull + g, fc::kWarpgroupThreads + 32);
         if (leader) s_prof()[2 * PROF_N + 3 + g] += prof_clock() - _a; }
         if (leader) reduce_add_dq_tile<Cfg>(maps, smem, g, m0, bh);''')
-    open(f"{dst}/bwd_dq_sm90.cuh", "w").write(d)
-    m = open(f"{dst}/mainloop_bwd_sm90.cuh").read()
+    open(f"{dst}/sm90/bwd_dq_sm90.cuh", "w").write(d)
+    m = open(f"{dst}/sm90/mainloop_bwd_sm90.cuh").read()
     m = sub(m, '''  int it = 0;
   BwdTile tile;
   for (int round = 0; bwd_take_tile<Cfg>(p, round, tile); ++round) {''', '''  int it = 0;
@@ -107,50 +107,48 @@ __global__ void prof_print() {
     for (int step = 0;''')
     m = sub(m, '''      fc::mbarrier_wait_parity(&bars.full[s], (it >> 1) & 1);''', '''      fc::mbarrier_wait_parity(&bars.full[s], (it >> 1) & 1);
       PACC(g, 0);''')
-    m = sub(m, '''      } else {
-        fc::wgmma_wait<0>();
-        fc::wgmma_fence_operands(st);
-        fc::wgmma_fence_operands(dpt);
-        to_probabilities();''', '''      } else {
-        fc::wgmma_wait<0>();
-        fc::wgmma_fence_operands(st);
-        fc::wgmma_fence_operands(dpt);
-        PACC(g, 1);
-        to_probabilities();''')
-    m = sub(m, '''        if (it > 0) fc::mbarrier_wait_parity(&bars.ds_empty[s], ((it - 1) >> 1) & 1);
-        store_ds(dsa, s);
-        fc::mbarrier_arrive(&bars.ds_full[s]);
-        if (step > 0) fc::mbarrier_wait_parity(&bars.ds_full[s ^ 1], ((it - 1) >> 1) & 1);''', '''        PACC(g, 2);
-        if (it > 0) fc::mbarrier_wait_parity(&bars.ds_empty[s], ((it - 1) >> 1) & 1);
-        PACC(g, 3);
-        store_ds(dsa, s);
-        fc::mbarrier_arrive(&bars.ds_full[s]);
-        PACC(g, 4);
-        if (step > 0) fc::mbarrier_wait_parity(&bars.ds_full[s ^ 1], ((it - 1) >> 1) & 1);
-        PACC(g, 5);''')
-    m = sub(m, '''        fc::mbarrier_arrive(&bars.ds_empty[s ^ 1]);
-        if (step > 0) hand_over_dq<Cfg, kDqWarp>(dq_stage, dq, g, it - 1, warp, lane());
-        fc::wgmma_wait<0>();
-        fc::wgmma_fence_operands(dk);
-        fc::wgmma_fence_operands(dsa);
-        fc::mbarrier_arrive(&bars.empty[s]);
-        continue;''', '''        fc::mbarrier_arrive(&bars.ds_empty[s ^ 1]);
-        PACC(g, 6);
-        if (step > 0) {
-          if (it - 1 > 0) fc::named_barrier_sync(kDqEmpty + g, fc::kWarpgroupThreads + 32);
-          PACC(g, 7);
-          stage_dq<Cfg>(dq_stage, dq, warp, lane());
-          fc::fence_proxy_async_shared();
-          fc::named_barrier_arrive(kDqFull + g, fc::kWarpgroupThreads + 32);
-          PACC(g, 8);
-        }
-        fc::wgmma_wait<0>();
-        fc::wgmma_fence_operands(dk);
-        fc::wgmma_fence_operands(dsa);
-        fc::mbarrier_arrive(&bars.empty[s]);
-        PACC(g, 10);
-        if (prof_on) s_prof()[g * PROF_N + 14] += 1;
-        continue;''')
+    m = sub(m, '''      fc::wgmma_wait<0>();
+      fc::wgmma_fence_operands(st);
+      fc::wgmma_fence_operands(dpt);
+      to_probabilities();''', '''      fc::wgmma_wait<0>();
+      fc::wgmma_fence_operands(st);
+      fc::wgmma_fence_operands(dpt);
+      PACC(g, 1);
+      to_probabilities();''')
+    m = sub(m, '''      if (it > 0) fc::mbarrier_wait_parity(&bars.ds_empty[s], ((it - 1) >> 1) & 1);
+      store_ds(dsa, s);
+      fc::mbarrier_arrive(&bars.ds_full[s]);
+      if (step > 0) fc::mbarrier_wait_parity(&bars.ds_full[s ^ 1], ((it - 1) >> 1) & 1);''', '''      PACC(g, 2);
+      if (it > 0) fc::mbarrier_wait_parity(&bars.ds_empty[s], ((it - 1) >> 1) & 1);
+      PACC(g, 3);
+      store_ds(dsa, s);
+      fc::mbarrier_arrive(&bars.ds_full[s]);
+      PACC(g, 4);
+      if (step > 0) fc::mbarrier_wait_parity(&bars.ds_full[s ^ 1], ((it - 1) >> 1) & 1);
+      PACC(g, 5);''')
+    m = sub(m, '''      fc::mbarrier_arrive(&bars.ds_empty[s ^ 1]);
+      if (step > 0) hand_over_dq<Cfg>(dq_stage, dq, g, it - 1, warp, lane());
+      fc::wgmma_wait<0>();
+      fc::wgmma_fence_operands(dk);
+      fc::wgmma_fence_operands(dsa);
+      fc::mbarrier_arrive(&bars.empty[s]);
+    }''', '''      fc::mbarrier_arrive(&bars.ds_empty[s ^ 1]);
+      PACC(g, 6);
+      if (step > 0) {
+        if (it - 1 > 0) fc::named_barrier_sync(kDqEmpty + g, fc::kWarpgroupThreads + 32);
+        PACC(g, 7);
+        stage_dq<Cfg>(dq_stage, dq, warp, lane());
+        fc::fence_proxy_async_shared();
+        fc::named_barrier_arrive(kDqFull + g, fc::kWarpgroupThreads + 32);
+        PACC(g, 8);
+      }
+      fc::wgmma_wait<0>();
+      fc::wgmma_fence_operands(dk);
+      fc::wgmma_fence_operands(dsa);
+      fc::mbarrier_arrive(&bars.empty[s]);
+      PACC(g, 10);
+      if (prof_on) s_prof()[g * PROF_N + 14] += 1;
+    }''')
     m = sub(m, '''    fc::mbarrier_arrive(&bars.kv_empty);  // every thread''', '''    PACC(g, 13);
     fc::mbarrier_arrive(&bars.kv_empty);  // every thread''')
     m = sub(m, '''      store_rows_direct<Cfg, T>(dv, 1.f, fc::tensor<T>(b.dv) + kv_base, n0, p.seq_len_kv, key_row());
@@ -174,15 +172,15 @@ __global__ void prof_print() {
     for (int i = 0; i < 3 * PROF_N; ++i) s_prof()[i] = 0;
   }
   __syncthreads();''')
-    m = sub(m, '''    if (V12_BWD_DQ_WARP != 0 && threadIdx.x / 32 == 1) bwd_dq_writer<Cfg>(b, maps);''', '''    if (V12_BWD_DQ_WARP != 0 && threadIdx.x / 32 == 1) { bwd_dq_writer<Cfg>(b, maps); if (threadIdx.x % 32 == 0) prof_flush<Cfg>(2); }''')
-    open(f"{dst}/mainloop_bwd_sm90.cuh", "w").write(m)
-    v = open(f"{dst}/v12_bwd.cu").read()
+    m = sub(m, '''    if (threadIdx.x / 32 == 1) bwd_dq_writer<Cfg>(b, maps);''', '''    if (threadIdx.x / 32 == 1) { bwd_dq_writer<Cfg>(b, maps); if (threadIdx.x % 32 == 0) prof_flush<Cfg>(2); }''')
+    open(f"{dst}/sm90/mainloop_bwd_sm90.cuh", "w").write(m)
+    v = open(f"{dst}/sm90/v12_bwd.cu").read()
     v = sub(v, '''  kernel<<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(b, w, maps);
   if (const char* err = fc::launch_status()) return err;''', '''  kernel<<<ctas, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(b, w, maps);
   if (const char* err = fc::launch_status()) return err;
   if (getenv("V12_PROF_PRINT")) prof_print<<<1, 1, 0, stream>>>();''')
     v = sub(v, '#include <cstdio>', '#include <cstdio>\n#include <cstdlib>')
-    open(f"{dst}/v12_bwd.cu", "w").write(v)
+    open(f"{dst}/sm90/v12_bwd.cu", "w").write(v)
 
 
 def table(rows: dict[int, list[int]]) -> str:

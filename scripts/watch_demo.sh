@@ -4,7 +4,7 @@
 #   1. an edit that breaks the build (a syntax error): the compiler's first errors show, the watch goes on;
 #   2. an edit that breaks correctness (the softmax scale off by 5%): MISMATCH with the first indices;
 #   3. the original back: OK again, timed beside SDPA and the previous build.
-# The variant is a copy of kernels/v8.cu in a scratch folder inside the project (removed at the end); the
+# The variant is a copy of kernels/ladder/v8.cu in a scratch folder inside the project (removed at the end); the
 # watch is stopped with SIGINT (Ctrl-C) and must exit 130. Prints every screen; exit 1 if a step never showed.
 set -uo pipefail
 set -m  # job control: the watch runs in a process group of its own, with SIGINT not ignored (a non-interactive
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 dir=$(mktemp -d "$PWD/.watch-demo-XXXXXX")
 trap 'kill -INT "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
-cp kernels/v8.cu "$dir/demo.cu"
+cp kernels/ladder/v8.cu "$dir/demo.cu"
 cp "$dir/demo.cu" "$dir/original.cu"
 cat >"$dir/variants.yaml" <<'EOF'
 variants:
@@ -50,7 +50,7 @@ wait_screen 2 BUILD-FAIL
 import sys
 source = open(sys.argv[2]).read()
 old = "case 64: return wmma_pipeline::launch<Tiles<64>>(v8_fwd<64>, p, stream);"
-assert old in source, "kernels/v8.cu's launcher changed: update scripts/watch_demo.sh"
+assert old in source, "kernels/ladder/v8.cu's launcher changed: update scripts/watch_demo.sh"
 new = ("case 64: {  // the softmax scale 5% off: a wrong kernel\n"
        "      FlashcoreParams wrong = p;\n      wrong.scale *= 1.05f;\n"
        "      return wmma_pipeline::launch<Tiles<64>>(v8_fwd<64>, wrong, stream);\n    }")

@@ -102,11 +102,12 @@ def test_the_binding_is_built_once_and_an_edit_recompiles_only_the_variant(tmp_p
     kernels = project / "kernels"
     kernels.mkdir(parents=True)
     (project / "pyproject.toml").write_text("")
-    for f in (REPO / "kernels").iterdir():
+    for f in (REPO / "kernels").rglob("*"):
         if f.suffix in (".h", ".cuh") or f.name in ("binding.cpp", "v8.cu"):
-            shutil.copy(f, kernels)
+            (kernels / f.relative_to(REPO / "kernels")).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(f, kernels / f.relative_to(REPO / "kernels"))
     (project / "variants.yaml").write_text(
-        "variants:\n  - name: v8\n    sources: [kernels/v8.cu]\n    summary: s\n    head_dims: [64, 128]\n    causal: true\n"
+        "variants:\n  - name: v8\n    sources: [kernels/ladder/v8.cu]\n    summary: s\n    head_dims: [64, 128]\n    causal: true\n"
     )
     include, lib = stand_ins(tmp_path / "stand-ins")
     home = cuda_home()
@@ -115,7 +116,7 @@ def test_the_binding_is_built_once_and_an_edit_recompiles_only_the_variant(tmp_p
     env = {**os.environ, "CPLUS_INCLUDE_PATH": str(include), "LIBRARY_PATH": str(lib), "CUDA_HOME": str(home),
            "FLASHCORE_CACHE": str(tmp_path / "cache"), "MAX_JOBS": "2",
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", DRIVER, str(project / "variants.yaml"), str(kernels / "v8.cu")], env=env,
+    proc = subprocess.run([sys.executable, "-c", DRIVER, str(project / "variants.yaml"), str(kernels / "ladder" / "v8.cu")], env=env,
                           capture_output=True, text=True, timeout=1800)  # fmt: skip
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]

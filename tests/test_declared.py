@@ -15,10 +15,11 @@ def test_a_declared_head_dim_with_no_kernel_is_exit_2_naming_both(tmp_path, nvcc
     (tmp_path / "pyproject.toml").write_text("")
     kernels = tmp_path / "kernels"
     kernels.mkdir()
-    for name in ("flashcore.h", "flashcore_defaults.h", "baseline.cu"):
+    for name in ("flashcore.h", "flashcore_defaults.h", "ladder/baseline.cu"):
+        (kernels / name).parent.mkdir(exist_ok=True)
         shutil.copy(REPO / "kernels" / name, kernels / name)
     registry = tmp_path / "variants.yaml"
-    registry.write_text('variants:\n  - name: d96\n    sources: [kernels/baseline.cu]\n    summary: "x"\n'
+    registry.write_text('variants:\n  - name: d96\n    sources: [kernels/ladder/baseline.cu]\n    summary: "x"\n'
                         "    head_dims: [96]\n    causal: true\n")  # fmt: skip
     result = runner.invoke(app, ["--registry", str(registry), "ptxas", "d96", "--arch", "sm_90"])
     assert result.exit_code == 2, result.output
@@ -28,19 +29,20 @@ def test_a_declared_head_dim_with_no_kernel_is_exit_2_naming_both(tmp_path, nvcc
     (line,) = errors
     assert "variant 'd96' (sm_90)" in line
     assert "variants.yaml declares head_dims [96]" in line  # the registry's head dims
-    assert "kernels/baseline.cu plans kernels for 64, 128" in line  # the kernel's
+    assert "kernels/ladder/baseline.cu plans kernels for 64, 128" in line  # the kernel's
 
 
 # ---------------------------------------------------------------- `flashcore list` checks the same, for the default arch
-BASELINE = '  - name: {name}\n    sources: [kernels/baseline.cu]\n    summary: "x"\n    head_dims: {dims}\n    causal: true\n'
+BASELINE = '  - name: {name}\n    sources: [kernels/ladder/baseline.cu]\n    summary: "x"\n    head_dims: {dims}\n    causal: true\n'
 
 
 def baseline_project(tmp_path, *entries: str):
-    """A project with kernels/baseline.cu (head dims 64 and 128, fp16) and a registry of `entries`."""
+    """A project with kernels/ladder/baseline.cu (head dims 64 and 128, fp16) and a registry of `entries`."""
     (tmp_path / "pyproject.toml").write_text("")
     kernels = tmp_path / "kernels"
     kernels.mkdir(exist_ok=True)
-    for name in ("flashcore.h", "flashcore_defaults.h", "baseline.cu"):
+    for name in ("flashcore.h", "flashcore_defaults.h", "ladder/baseline.cu"):
+        (kernels / name).parent.mkdir(exist_ok=True)
         shutil.copy(REPO / "kernels" / name, kernels / name)
     registry = tmp_path / "variants.yaml"
     registry.write_text("variants:\n" + "".join(entries))
@@ -61,7 +63,7 @@ def test_list_refuses_head_dims_its_kernel_does_not_plan_in_one_line_naming_both
     (line,) = lines_of(result)  # the error alone: no table
     assert line.startswith("error: variant 'd96' (sm_90): ")
     assert "variants.yaml declares head_dims [96]" in line  # the registry's head dims
-    assert "kernels/baseline.cu plans kernels for 64, 128" in line  # the kernel's
+    assert "kernels/ladder/baseline.cu plans kernels for 64, 128" in line  # the kernel's
 
 
 def test_list_refuses_dtypes_its_kernel_does_not_take_and_names_every_variant_that_disagrees(tmp_path, nvcc, fresh_cache):
@@ -93,7 +95,7 @@ def test_list_of_a_registry_that_agrees_with_its_kernels_is_the_table_and_cached
     monkeypatch.setattr("flashcore_cli.builder.ptxas.run_probe", no_compile)
     registry.write_text(registry.read_text().replace("[128, 64]", "[64]"))
     result = runner.invoke(app, ["--registry", str(registry), "list"])  # the cached probe answers, checked afresh
-    assert result.exit_code == 2 and "declares head_dims [64] but kernels/baseline.cu plans kernels for 64, 128" in lines_of(result)[0]
+    assert result.exit_code == 2 and "declares head_dims [64] but kernels/ladder/baseline.cu plans kernels for 64, 128" in lines_of(result)[0]
     result = runner.invoke(app, ["--registry", str(registry), "list", "--no-check"])
     assert result.exit_code == 0 and "note:" not in result.output
 

@@ -138,7 +138,7 @@ def test_the_registry_tunes_the_knobs_the_decode_sources_define():
     from flashcore_cli.registry.variants import load_registry
 
     space = load_registry(ROOT / "variants.yaml").get("decode").tune
-    text = "".join(path.read_text() for path in sorted((ROOT / "kernels").glob("decode*.cu*")))
+    text = "".join(path.read_text() for path in sorted((ROOT / "kernels" / "decode").glob("*.cu*")))
     defaults = {name: int(value) for name, value in re.findall(r"#ifndef (DECODE_\w+)\n#define \1 (\d+)", text)}
     assert set(space.params) == set(defaults)
     assert all(defaults[name] in values for name, values in space.params.items())

@@ -19,14 +19,14 @@ runner = CliRunner()
 REGISTRY = """\
 variants:
   - name: noarch   # v12 without its archs: [sm_90a]
-    sources: [kernels/v12.cu, kernels/v12_bwd.cu]
+    sources: [kernels/sm90/v12.cu, kernels/sm90/v12_bwd.cu]
     dtypes: [fp16, bf16]
     features: [gqa, seqlen_kv, lse, backward]
     summary: "v12, its archs forgotten"
     head_dims: [64, 128]
     causal: true
   - name: baseline
-    sources: [kernels/baseline.cu]
+    sources: [kernels/ladder/baseline.cu]
     summary: "a real kernel"
     head_dims: [64, 128]
     causal: true
@@ -60,7 +60,7 @@ def test_ptxas_flags_a_compiled_out_body_and_names_the_cause(project, nvcc, fres
     text = said(result)
     assert "warning: noarch (sm_90): v12_fwd<" in text and "look empty" in text
     assert "registers and no static shared memory" in text
-    assert "kernels/hopper.cuh tests __CUDA_ARCH_FEAT_SM90_ALL" in text and "add `archs: [sm_90a]`" in text
+    assert "kernels/common/hopper.cuh tests __CUDA_ARCH_FEAT_SM90_ALL" in text and "add `archs: [sm_90a]`" in text
     assert "warning: baseline" not in text
 
 

@@ -15,7 +15,7 @@ from conftest import REPO
 
 pytestmark = pytest.mark.gpu
 
-ENTRY = "variants:\n  - name: v8\n    sources: [kernels/v8.cu]\n    summary: s\n    head_dims: [64, 128]\n    causal: true\n"
+ENTRY = "variants:\n  - name: v8\n    sources: [kernels/ladder/v8.cu]\n    summary: s\n    head_dims: [64, 128]\n    causal: true\n"
 
 
 @pytest.fixture
@@ -24,9 +24,10 @@ def project(tmp_path):
     (tmp_path / "pyproject.toml").write_text("")
     kernels = tmp_path / "kernels"
     kernels.mkdir()
-    for f in (REPO / "kernels").iterdir():
+    for f in (REPO / "kernels").rglob("*"):
         if f.suffix in (".h", ".cuh") or f.name in ("binding.cpp", "v8.cu"):
-            shutil.copy(f, kernels)
+            (kernels / f.relative_to(REPO / "kernels")).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(f, kernels / f.relative_to(REPO / "kernels"))
     (tmp_path / "variants.yaml").write_text(ENTRY)
     return tmp_path
 
@@ -63,7 +64,7 @@ def test_an_edit_recompiles_only_the_variant_and_a_revert_is_a_cache_hit(project
     stamp = obj.stat().st_mtime_ns
     check_against_sdpa(first.module)
 
-    source = project / "kernels" / "v8.cu"
+    source = project / "kernels" / "ladder" / "v8.cu"
     original = source.read_text()
     source.write_text(original + "// a one-line edit\n")
     edited = build_variant(variant(project), arch)
@@ -85,7 +86,7 @@ def test_an_edited_variant_passes_flashcore_test(project, fresh_cache):
 
     from flashcore_cli.cli import app
 
-    source = project / "kernels" / "v8.cu"
+    source = project / "kernels" / "ladder" / "v8.cu"
     source.write_text(source.read_text() + "// a one-line edit\n")
     result = CliRunner().invoke(app, ["--registry", str(project / "variants.yaml"), "test", "v8", "--shapes", "1,8,512,64"])
     assert result.exit_code == 0, result.output
@@ -138,12 +139,12 @@ def test_watch_steps_show_a_compile_error_then_the_fix(project, fresh_cache):
     first = watcher.iterate(["(start)"])
     watcher.history.append(first)
     assert first.status == "OK" and first.median_us and first.sdpa_us and first.resources
-    source = project / "kernels" / "v8.cu"
+    source = project / "kernels" / "ladder" / "v8.cu"
     original = source.read_text()
     source.write_text(original + "\nint broken = ;\n")
-    broken = watcher.iterate(["kernels/v8.cu"])
+    broken = watcher.iterate(["kernels/ladder/v8.cu"])
     watcher.history.append(broken)
     assert broken.status == "BUILD-FAIL" and "error" in broken.errors
     source.write_text(original + "// fixed\n")
-    fixed = watcher.iterate(["kernels/v8.cu"])
+    fixed = watcher.iterate(["kernels/ladder/v8.cu"])
     assert fixed.status == "OK" and fixed.previous_us == first.median_us and fixed.deltas == []

@@ -14,12 +14,12 @@ REGISTRY = """\
 # A registry with comments that must survive the scaffold.
 variants:
   - name: baseline   # rung 0
-    sources: [kernels/baseline.cu]
+    sources: [kernels/ladder/baseline.cu]
     summary: "Scalar baseline"
     head_dims: [64, 128]
     causal: true
   - name: tunable
-    sources: [kernels/baseline.cu]
+    sources: [kernels/ladder/baseline.cu]
     flags: ["-Xptxas=-O3"]
     defines: {UNUSED_A: 1}
     summary: "With flags, defines and a tune block"
@@ -37,7 +37,8 @@ def project(tmp_path):
     (tmp_path / "pyproject.toml").write_text("")
     kernels = tmp_path / "kernels"
     kernels.mkdir()
-    for name in ("flashcore.h", "flashcore_defaults.h", "baseline.cu", "binding.cpp"):
+    for name in ("flashcore.h", "flashcore_defaults.h", "ladder/baseline.cu", "binding.cpp"):
+        (kernels / name).parent.mkdir(exist_ok=True)
         shutil.copy(REPO / "kernels" / name, kernels / name)
     (tmp_path / "variants.yaml").write_text(REGISTRY)
     return tmp_path
@@ -58,13 +59,13 @@ def test_kernel_names_and_renames():
 def test_scaffold_compiles_and_keeps_the_registry_text(project, nvcc, fresh_cache, table_rows):
     result = new(project, "mine", "--from", "baseline")
     assert result.exit_code == 0, result.output
-    source = (project / "kernels" / "mine.cu").read_text()
+    source = (project / "kernels" / "ladder" / "mine.cu").read_text()
     assert source.startswith("// mine.cu — ") and "Change from the previous rung (baseline)" in source
     assert "baseline_fwd" not in source.split("#include", 1)[1]  # every kernel name in the code was renamed
-    assert '"mine_fwd<64>"' in source  # flashcore_plan's kernel names follow
+    assert "FC_PLAN_NAME(mine_fwd, 64)" in source  # flashcore_plan's kernel names follow (from the renamed identifier)
     registry = (project / "variants.yaml").read_text()
     assert registry.startswith(REGISTRY.rstrip("\n"))  # comments and entries untouched: appended text only
-    assert load_registry(project / "variants.yaml").get("mine").sources == (project / "kernels" / "mine.cu",)
+    assert load_registry(project / "variants.yaml").get("mine").sources == (project / "kernels" / "ladder" / "mine.cu",)
     result = runner.invoke(app, ["--registry", str(project / "variants.yaml"), "ptxas", "mine", "--arch", "sm_90", "--fail-on-spill"])
     assert result.exit_code == 0, result.output
     assert {"mine_fwd<64>", "mine_fwd<128>"} <= set(cells(table_rows))
@@ -92,14 +93,14 @@ def test_refusals_are_exit_2_and_change_nothing(project, args, needle):
     result = new(project, *args)
     assert result.exit_code == 2 and needle in result.output
     assert (project / "variants.yaml").read_text() == before
-    assert sorted(p.name for p in (project / "kernels").iterdir()) == ["baseline.cu", "binding.cpp", "flashcore.h", "flashcore_defaults.h"]
+    assert sorted(p.name for p in (project / "kernels").iterdir()) == ["binding.cpp", "flashcore.h", "flashcore_defaults.h", "ladder"]
 
 
 def test_an_existing_kernel_file_is_refused(project):
-    (project / "kernels" / "mine.cu").write_text("// someone's work\n")
+    (project / "kernels" / "ladder" / "mine.cu").write_text("// someone's work\n")
     result = new(project, "mine", "--from", "baseline")
     assert result.exit_code == 2 and "already exists" in result.output
-    assert (project / "kernels" / "mine.cu").read_text() == "// someone's work\n"
+    assert (project / "kernels" / "ladder" / "mine.cu").read_text() == "// someone's work\n"
 
 
 @pytest.mark.gpu
@@ -126,9 +127,9 @@ def test_new_in_a_copy_writes_into_the_copy_and_its_hint_works(project, monkeypa
     result = runner.invoke(app, ["new", "mine", "--from", "baseline"])
     assert result.exit_code == 0, result.output
     assert f"registry: {project / 'variants.yaml'} (found from the current directory)" in said(result)
-    assert f"wrote {project / 'kernels' / 'mine.cu'}" in said(result)
+    assert f"wrote {project / 'kernels' / 'ladder' / 'mine.cu'}" in said(result)
     assert f"wrote {project / 'variants.yaml'} (appended the entry 'mine')" in said(result)
-    assert (REPO / "variants.yaml").read_text() == installed and not (REPO / "kernels" / "mine.cu").exists()
+    assert (REPO / "variants.yaml").read_text() == installed and not (REPO / "kernels" / "ladder" / "mine.cu").exists()
     argv = hinted_command(said(result))
     assert argv == ["ptxas", "mine"]  # found from here: no --registry needed
     hinted = runner.invoke(app, [*argv, "--arch", "sm_90"])
@@ -142,7 +143,7 @@ def test_new_from_outside_the_copy_hints_with_the_registry(project, tmp_path_fac
     monkeypatch.chdir(elsewhere)
     result = runner.invoke(app, ["--registry", str(project), "new", "mine", "--from", "baseline"])
     assert result.exit_code == 0, result.output
-    assert (project / "kernels" / "mine.cu").is_file()
+    assert (project / "kernels" / "ladder" / "mine.cu").is_file()
     argv = hinted_command(said(result))
     assert argv == ["--registry", str(project / "variants.yaml"), "ptxas", "mine"]
     hinted = runner.invoke(app, [*argv, "--arch", "sm_90"])

@@ -22,11 +22,11 @@ def phases(*args: str, tmp_path) -> subprocess.CompletedProcess:
 def test_the_copy_instruments_every_phase(tmp_path):
     proc = phases("--make-only", "--dir", str(tmp_path / "ph"), tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    mainloop = (tmp_path / "ph" / "kernels" / "mainloop_bwd_sm90.cuh").read_text()
+    mainloop = (tmp_path / "ph" / "kernels" / "sm90" / "mainloop_bwd_sm90.cuh").read_text()
     for phase in (0, 1, 2, 3, 4, 5, 6, 9, 10, 11, 13):
         assert f"PACC(g, {phase});" in mainloop
-    assert "prof_print<<<" in (tmp_path / "ph" / "kernels" / "v12_bwd.cu").read_text()
-    assert (REPO / "kernels" / "mainloop_bwd_sm90.cuh").read_text().count("PACC") == 0  # the tree is untouched
+    assert "prof_print<<<" in (tmp_path / "ph" / "kernels" / "sm90" / "v12_bwd.cu").read_text()
+    assert (REPO / "kernels" / "sm90" / "mainloop_bwd_sm90.cuh").read_text().count("PACC") == 0  # the tree is untouched
     variant = load_registry(tmp_path / "ph" / "registry.yaml").get("v12phases")
     assert [p.name for p in variant.sources] == ["v12.cu", "v12_bwd.cu"]
 

@@ -14,7 +14,7 @@ INSTRUMENTS = FIXTURES / "instruments"
 
 
 def test_v8_capture_has_the_tensor_core_mix():
-    # cuobjdump 13.5 -sass of kernels/v8.cu built for sm_90 (WMMA, ldmatrix, cp.async 16-byte copies)
+    # cuobjdump 13.5 -sass of kernels/ladder/v8.cu built for sm_90 (WMMA, ldmatrix, cp.async 16-byte copies)
     kernels = {k.kernel: k for k in parse_sass(gzip.decompress((INSTRUMENTS / "sass_v8_sm90.sass.gz").read_bytes()).decode())}
     assert set(kernels) == {"void v8_fwd<64>(FlashcoreParams)", "void v8_fwd<128>(FlashcoreParams)"}
     k64, k128 = kernels["void v8_fwd<64>(FlashcoreParams)"], kernels["void v8_fwd<128>(FlashcoreParams)"]

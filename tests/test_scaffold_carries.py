@@ -17,7 +17,7 @@ REGISTRY = """\
 variants:
   - name: hopper   # an sm_90a-only rung in the shape of v12
     aliases: [h]
-    sources: [kernels/v12.cu, kernels/v12_bwd.cu]
+    sources: [kernels/sm90/v12.cu, kernels/sm90/v12_bwd.cu]
     archs: [sm_90a]
     dtypes: [fp16, bf16]
     features: [gqa, seqlen_kv, lse, backward]
@@ -26,7 +26,7 @@ variants:
     causal: true
     notes: "the original's notes"
   - name: everything
-    sources: [kernels/baseline.cu]
+    sources: [kernels/ladder/baseline.cu]
     flags: ["-Xptxas=-O3"]
     defines: {UNUSED_A: 1, UNUSED_S: "a b"}
     summary: "every defining key"
@@ -65,7 +65,8 @@ def test_new_carries_every_defining_key(project, source):
         original.archs, original.dtypes, original.features, original.flags, original.defines, original.tune,
         original.head_dims, original.causal)  # fmt: skip
     shared = tuple(s for s in original.sources if s.name not in ("v12.cu", "baseline.cu"))  # the hopper's backward
-    assert copy.aliases == () and copy.sources == (project / "kernels" / "mine.cu", *shared)
+    beside = original.sources[0].parent  # the copy goes beside the file it copies
+    assert copy.aliases == () and copy.sources == (beside / "mine.cu", *shared)
     assert copy.notes != original.notes and copy.summary != original.summary
 
 
@@ -91,14 +92,14 @@ def test_a_name_too_long_for_a_file_is_one_line(project):
 
 def test_a_source_that_is_not_utf8_is_one_line(project):
     source = project / "kernels" / "latin.cu"
-    source.write_bytes((REPO / "kernels" / "baseline.cu").read_bytes() + "// caf\u00e9\n".encode("latin-1"))
+    source.write_bytes((REPO / "kernels" / "ladder" / "baseline.cu").read_bytes() + "// caf\u00e9\n".encode("latin-1"))
     with open(project / "variants.yaml", "a") as f:
         f.write('  - name: latin\n    sources: [kernels/latin.cu]\n    summary: "x"\n    head_dims: [64, 128]\n    causal: true\n')
     before = (project / "variants.yaml").read_text()
     result = new(project, "mine", "--from", "latin")
     assert result.exit_code == 2, result.output
     assert f"{source}: not a UTF-8 text file" in said(result) and "Traceback" not in result.output
-    assert (project / "variants.yaml").read_text() == before and not (project / "kernels" / "mine.cu").exists()
+    assert (project / "variants.yaml").read_text() == before and not any((project / "kernels").rglob("mine.cu"))
 
 
 def test_a_copy_of_a_rung_of_several_files_shares_the_others_and_links(tmp_path, nvcc, fresh_cache, table_rows):
@@ -112,7 +113,7 @@ def test_a_copy_of_a_rung_of_several_files_shares_the_others_and_links(tmp_path,
     registry = load_registry(tmp_path / "variants.yaml")
     copy, original = registry.get("my11"), registry.get("v11")
     others = tuple(s for s in original.sources if s.name != "v11.cu")
-    assert len(others) >= 1 and copy.sources == (tmp_path / "kernels" / "my11.cu", *others)
+    assert len(others) >= 1 and copy.sources == (tmp_path / "kernels" / "sm80" / "my11.cu", *others)
     assert all(s.name in said(result) for s in others)  # the user is told which files are shared
     result = runner.invoke(app, ["--registry", str(tmp_path / "variants.yaml"), "ptxas", "my11", "--arch", "sm_89"])
     assert result.exit_code == 0, result.output

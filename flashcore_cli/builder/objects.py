@@ -6,7 +6,7 @@
 A kernel source includes CUDA headers and kernels/ headers only (the contract: flashcore.h), so it needs none of
 torch's flags: nvcc compiles it here, without torch, while the process that links the module imports torch. Each
 object has a key of its own (object_key: that source and the headers it reaches, the flags, defines, arch and
-nvcc), so an edit of kernels/v11.cu recompiles v11.cu alone, not v11_bwd.cu; the sources of one build compile
+nvcc), so an edit of kernels/sm80/v11.cu recompiles v11.cu alone, not v11_bwd.cu; the sources of one build compile
 in parallel. The module is then linked through torch.utils.cpp_extension.load (jit.py) from these objects, the
 binding's object and a generated entry point.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,13 +38,39 @@ _OPTIONAL = {"aliases", "flags", "defines", "notes", "tune", "archs", "dtypes", 
 # The element types a variant may declare (`dtypes:`): core/dtypes.py's DTYPES; fp16 is the default.
 DEFAULT_DTYPES = (DEFAULT_DTYPE,)
 # What a variant may support beyond forward [B, H, S, D] attention (`features:`), by name, with the bit of
-# flashcore_features() (kernels/flashcore.h) each one is: the kernel declares the same, and the probe checks.
-FEATURES = {
-    "gqa": 1 << 0,  # fewer key/value heads than query heads (grouped-query, multi-query)
-    "seqlen_kv": 1 << 1,  # key sequences of another length than the queries' (decode, chunked prefill)
-    "lse": 1 << 2,  # the forward also returns the row log-sum-exp
-    "backward": 1 << 3,  # gradients: dq, dk, dv
-}
+# flashcore_features() each one is: declared once, by kernels/flashcore.h's FlashcoreFeature (each enumerator's
+# comment opens with the name), and read from there at first use. The kernel declares the same; the probe checks.
+_FEATURE_ENUMERATOR = re.compile(r'^\s*kFlashcore\w+\s*=\s*1\s*<<\s*(\d+)\s*,\s*//\s*"(\w+)"', re.MULTILINE)
+
+
+class _FeatureBits(Mapping):
+    """name -> bit, in flashcore.h's order, parsed from its `enum FlashcoreFeature` the first time it is read."""
+
+    def __init__(self, header: Path):
+        self._header = header
+        self._bits: dict[str, int] | None = None
+
+    def _table(self) -> dict[str, int]:
+        if self._bits is None:
+            text = self._header.read_text()
+            enum = re.search(r"enum FlashcoreFeature\b[^{]*\{(.*?)\};", text, re.DOTALL)
+            bits = {name: 1 << int(shift) for shift, name in _FEATURE_ENUMERATOR.findall(enum.group(1) if enum else "")}
+            if not bits:
+                raise RuntimeError(f"{self._header}: no feature bits found in enum FlashcoreFeature")
+            self._bits = bits
+        return self._bits
+
+    def __getitem__(self, name: str) -> int:
+        return self._table()[name]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+FEATURES: Mapping[str, int] = _FeatureBits(INSTALLED_KERNELS / "flashcore.h")
 FEATURE_HELP = {
     "gqa": "grouped-query attention (fewer key/value heads than query heads)",
     "seqlen_kv": "a key sequence of another length than the queries'",

@@ -1,0 +1,136 @@
+// sm90/v12_bwd_traits.cuh — v12's backward configuration: BwdConfig (head dim, queries per step; keys per tile, the
+// warpgroups, the register split, how the two consumers share dQ_i, the shared-memory layout), the mbarriers and
+// tensor maps a CTA holds, the tile list and a tile's steps. Read by sm90/mainloop_bwd_sm90.cuh and sm90/v12_bwd.cu.
+#pragma once
+
+#include "common/bwd_passes.cuh"
+#include "flashcore.h"
+#include "common/hopper.cuh"
+
+struct BwdBarriers {
+  uint64_t kv_full, kv_empty;     // the tile's K_j and V_j landed / read by both consumers' last products
+  uint64_t full[2], empty[2];     // a stage's Q_i, dO_i, LSE_i, D_i landed / read by both consumers
+  uint64_t ds_full[2], ds_empty[2];  // dS buffer b stored / read by both consumers' dQ products (the dQ lag)
+  uint64_t tile_full[2], tile_empty[2];  // the tile of round r in tile_slot[r % 2] / read by every other role
+  int tile_slot[2];
+};
+
+template <int kHeadDim_, int kBlockM_>
+struct BwdConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // Br: queries per step
+  static constexpr int kBlockN = 128;       // Bc: keys per tile, 64 per consumer warpgroup (wgmma's M)
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = fc::kWarpgroupThreads * (1 + kConsumers);  // + the producer warpgroup
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(fc::setmaxnreg_fits(kThreads, kProducerRegs, kConsumerRegs, kConsumers),
+                "setmaxnreg: the warpgroups' registers exceed the CTA's launch pool (the .inc would hang)");
+  static constexpr int kPanels = kHeadDim / 64;  // 128-byte panels of 64 columns per row
+  // dQ_i = dS K_j (kBlockM x D) is split between the two consumers as two wgmma tiles: by rows where the step
+  // has 128 queries (D = 64), by columns where it has 64 (D = 128), each 64 x 64. Consumer g's tile covers query
+  // rows 64 row_half(g) .. + kDqRows, columns 64 col_half(g) .. + 64.
+  static constexpr bool kDqByRows = kBlockM == 128;
+  static constexpr int kDqRows = kDqByRows ? 64 : kBlockM;  // query rows of one consumer's dQ tile
+  static constexpr int kDqRegs = kDqRows * 64 / fc::kWarpgroupThreads;  // its fp32 accumulators per thread
+  static_assert((kDqByRows ? kHeadDim : kHeadDim / 2) == 64 && kDqRows == 64,
+                "dQ: two tiles of 64 columns, 64 query rows");
+  // Shared memory, every tile 1024-byte aligned (the swizzle atom): K_j | V_j | (Q_i, dO_i) x 2 stages |
+  // dS x 2 | dQ staging x 2 consumers | (LSE_i log2 e, D_i) x 2 stages | mbarriers | a dK/dV staging tile per
+  // consumer (dV, then dK through it; where it fits: kEpiStaged).
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // K_j or V_j: kPanels panels of [kBlockN][128 B]
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // Q_i or dO_i: kPanels panels of [kBlockM][128 B]
+  static constexpr int kDsBytes = kBlockM * kBlockN * 2;   // dS (queries x keys): 2 panels of [kBlockM][128 B]
+  static constexpr int kDqBytes = kDqRows * 64 * 4;  // one consumer's dQ tile: 2 panels of [kDqRows][32 fp32]
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKOffset + kKVBytes;
+  static constexpr int kQOffset = kVOffset + kKVBytes;     // stage s at + s * kQBytes
+  static constexpr int kDoOffset = kQOffset + 2 * kQBytes;
+  static constexpr int kDsOffset = kDoOffset + 2 * kQBytes;  // buffer b at + b * kDsBytes
+  static constexpr int kDqOffset = kDsOffset + 2 * kDsBytes;  // consumer g at + g * kDqBytes
+  static constexpr int kStatsOffset = kDqOffset + kConsumers * kDqBytes;  // stage s: lse2 [kBlockM], dsum [kBlockM]
+  static constexpr int kStatsBytes = 2 * kBlockM * 4;
+  static constexpr int kBarOffset = kStatsOffset + 2 * kStatsBytes;
+  static constexpr int kEpiOffset = (kBarOffset + 128 + 1023) / 1024 * 1024;  // BwdBarriers, to the swizzle atom
+  static constexpr int kEpiBytes = 64 * kHeadDim * 2;   // one consumer's dK or dV rows: kPanels panels of [64][128 B]
+  static constexpr bool kEpiStaged = kEpiOffset + kConsumers * kEpiBytes + 1024 <= 227 * 1024;
+  static constexpr int kSmemBytes =  // + alignment slack
+      (kEpiStaged ? kEpiOffset + kConsumers * kEpiBytes : kBarOffset + 128) + 1024;
+  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 && kDqBytes % 2048 == 0,
+                "swizzle alignment");
+  static_assert(kBlockM % 16 == 0 && kPadRows % kBlockM == 0,
+                "whole k-steps; LSE_i, D_i within the padded rows");
+  static_assert(kBarOffset % 8 == 0 && sizeof(BwdBarriers) <= 128, "mbarriers");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory: at most 227 KB per block on sm_90");
+};
+
+struct BwdMaps {
+  CUtensorMap q, d_o, k, v;  // 128-byte panels (common/hopper.cuh's encode_panel_map)
+  CUtensorMap dq;            // the fp32 dQ accumulator [B * H][S][D], boxes of 32 columns x 64 rows
+  CUtensorMap dk, dv;        // the gradients [B * H_kv][S_kv][D], 128-byte panels, boxes of 64 rows (kEpiStaged)
+};
+
+// The CTAs are persistent, one per SM (at most one per tile); a tile is one block of 128 keys of one K/V head. CTA c
+// starts with tile c; its producer claims each next one from the workspace's counter (#CTAs + the count so far) as
+// it issues its tile's last stage, about two steps before the consumers finish it, and hands it to the CTA's other
+// roles through shared memory (sm90/producer_bwd_sm90.cuh: bwd_publish_tile, bwd_take_tile). The list: without the
+// mask, head-major, a head's key blocks side by side, so the tiles running at once walk few heads' Q, dO and dQ through
+// L2 together; causal, heads in groups of max(1, #CTAs / key blocks), each group's tiles heaviest first (every head's
+// key block 0, which the most query blocks see, then block 1, ...): claimed in that order the CTAs' loads even out
+// as a longest-first greedy's do, while the tiles running at once still come from about two groups.
+struct BwdTile {
+  int n_block, bh_kv;
+};
+
+template <int kBlockN>
+__host__ __device__ inline int bwd_tiles(const FlashcoreParams& p) {
+  return fc::ceil_div(p.seq_len_kv, kBlockN) * p.batch * p.heads_kv;
+}
+
+template <int kBlockN>
+__host__ __device__ inline BwdTile bwd_tile_at(const FlashcoreParams& p, int t, int ctas) {
+  const unsigned u = t, n_blocks = fc::ceil_div(p.seq_len_kv, kBlockN), heads = p.batch * p.heads_kv;
+  if (!p.causal) return {static_cast<int>(u % n_blocks), static_cast<int>(u / n_blocks)};
+  const unsigned group = max(1u, ctas / n_blocks), per_group = group * n_blocks, g0 = u / per_group * group;
+  const unsigned r = u % per_group, size = min(group, heads - g0);
+  return {static_cast<int>(r / size), static_cast<int>(g0 + r % size)};
+}
+
+// The steps of the tile of key block n_block of K/V head bh_kv (b * H_kv + h_kv): every query head of that head's
+// group, and in each the query blocks that see any of its keys (causal, bottom-right: from the first row i with
+// i + S_kv - S >= the block's first key). Host and device: tests/fixtures/hosts/v12_bwd_steps.cu checks them.
+struct BwdSteps {
+  int bh0, m_first, m_blocks, count;
+  __host__ __device__ int bh(int step) const { return bh0 + step / m_blocks; }
+  __host__ __device__ int m0(int step, int block_m) const { return (m_first + step % m_blocks) * block_m; }
+  // From step's (bh, query block m) to the next step's, without bh() and m0()'s divisions (the producer's 24
+  // registers): bh(step + 1) and m0(step + 1) / block_m.
+  __host__ __device__ void advance(int& bh, int& m) const {
+    if (++m == m_first + m_blocks) {
+      m = m_first;
+      ++bh;
+    }
+  }
+};
+
+template <int kBlockN, int kBlockM>
+__host__ __device__ inline BwdSteps bwd_steps(const FlashcoreParams& p, int n_block, int bh_kv) {
+  const int n0 = n_block * kBlockN, group = p.heads / p.heads_kv, first_row = n0 - fc::causal_offset(p);
+  BwdSteps st;
+  const unsigned kv = bh_kv, heads_kv = p.heads_kv;  // (unsigned: the producer's registers)
+  st.bh0 = static_cast<int>(kv / heads_kv) * p.heads + static_cast<int>(kv % heads_kv) * group;
+  st.m_first = p.causal && first_row > 0 ? first_row / kBlockM : 0;
+  st.m_blocks = fc::ceil_div(p.seq_len, kBlockM) - st.m_first;
+  st.count = st.m_blocks > 0 ? st.m_blocks * group : 0;
+  return st;
+}
+
+// Whether a consumer's 64 keys from first_key need the causal mask against the query block at m0: some key lies
+// right of some query's diagonal (key > query + S_kv - S). Keys past S_kv and queries past S need none: their
+// K, V, Q, dO rows load as zeros and their LSE is +inf, so what they add is zero or never stored.
+__host__ __device__ inline bool bwd_needs_mask(const FlashcoreParams& p, int first_key, int m0) {
+  return p.causal && first_key + 63 > m0 + fc::causal_offset(p);
+}
+
+using BwdCfg64 = BwdConfig<64, 128>;
+using BwdCfg128 = BwdConfig<128, 64>;
