@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the lent GPU: install, then the steps named on the command line.
-#   bash scripts/gpu_session.sh smoke|ladder|shapes|check|stress|sanitizers|instruments|grads|bwdbench|v12bwd|v12pair|gputests|loop ...
+#   bash scripts/gpu_session.sh smoke|ladder|house|wheel|shapes|check|stress|sanitizers|instruments|grads|bwdbench|v12bwd|v12pair|gputests|loop ...
 # VARIANTS="v9 v11" picks the variants of check, stress and sanitizers (default: v9 v10 v11).
 # Each step's output is printed and logged; logs and JSON records come back packed in $OUT/logs.tgz
 # (the device returns only a few files). REGISTRY=path picks another registry.
@@ -125,6 +125,29 @@ v12bwd() {  # v12's backward: its test cases (gradients checked), then the backw
         --reps 100 --json "$LOGS/bench-$pass-${spec// /}.json"
     done
   done
+}
+
+house() {  # after a move of files: every variant built and checked (the default test set), the mission shape timed
+  step build-all flashcore --registry "$REG" build --all
+  step test-all flashcore --registry "$REG" test --all --timeout 120 --json "$LOGS/test-all.json"
+  step bench-512 flashcore --registry "$REG" bench --all --shape 1,8,512,64 --json "$LOGS/bench-512.json"
+}
+
+wheel() {  # the wheel as a user installs it: built, installed beside this machine's torch, used from an empty folder
+  local w
+  w=$(mktemp -d)
+  step wheel-build python3 -m pip wheel -q --no-deps --no-build-isolation -w "$w/dist" .
+  python3 -m venv --system-site-packages "$w/venv"
+  step wheel-install "$w/venv/bin/python" -m pip install -q --no-deps "$w"/dist/flashcore-*.whl
+  mkdir "$w/own"
+  (
+    cd "$w/own" || exit 1
+    step own-new "$w/venv/bin/flashcore" new mine --from v11
+    step own-build "$w/venv/bin/flashcore" build mine
+    step own-test "$w/venv/bin/flashcore" test mine --timeout 300 --json "$LOGS/own-test.json"
+    step own-bench "$w/venv/bin/flashcore" bench mine --shape 1,8,512,64 --json "$LOGS/own-bench.json"
+    cp variants.yaml "$LOGS/own-variants.yaml"
+  )
 }
 
 gputests() {  # the gpu-marked pytest suite
