@@ -137,15 +137,16 @@ wheel() {  # the wheel as a user installs it: built, installed beside this machi
   local w
   w=$(mktemp -d)
   step wheel-build python3 -m pip wheel -q --no-deps --no-build-isolation -w "$w/dist" .
-  python3 -m venv --system-site-packages "$w/venv"
-  step wheel-install "$w/venv/bin/python" -m pip install -q --no-deps "$w"/dist/flashcore-*.whl
+  step wheel-install python3 -m pip install -q --no-deps --target "$w/site" "$w"/dist/flashcore-*.whl
   mkdir "$w/own"
   (
     cd "$w/own" || exit 1
-    step own-new "$w/venv/bin/flashcore" new mine --from v11
-    step own-build "$w/venv/bin/flashcore" build mine
-    step own-test "$w/venv/bin/flashcore" test mine --timeout 300 --json "$LOGS/own-test.json"
-    step own-bench "$w/venv/bin/flashcore" bench mine --shape 1,8,512,64 --json "$LOGS/own-bench.json"
+    export PYTHONPATH="$w/site"  # the wheel's flashcore_cli before the checkout's editable install
+    step own-where python3 -c 'import flashcore_cli.core.paths as p; print(p.INSTALL_ROOT)'
+    step own-new "$w/site/bin/flashcore" new mine --from v11
+    step own-build "$w/site/bin/flashcore" build mine
+    step own-test "$w/site/bin/flashcore" test mine --timeout 300 --json "$LOGS/own-test.json"
+    step own-bench "$w/site/bin/flashcore" bench mine --shape 1,8,512,64 --json "$LOGS/own-bench.json"
     cp variants.yaml "$LOGS/own-variants.yaml"
   )
 }
