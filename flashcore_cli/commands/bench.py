@@ -80,13 +80,13 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
         refs, run.environment = bench_references(case, reps=reps, warmup=warmup, timeout=timeout, modes=modes,
                                                  passes=passes)  # fmt: skip
         run.add(refs)
-        bar.advance(task)
+        bar.update(task, advance=1, done="references")
         for v in variants:
             bar.update(task, description=f"{v.name}: build, check, time")
             rows = bench_variant(reg, v, case, arch=arch, reps=reps, warmup=warmup, timeout=timeout, modes=modes,
                                  passes=passes, pair=pair or "")  # fmt: skip
             run.add({m: [row, *([row.paired] if row.paired else [])] for m, row in rows.items()})
-            bar.advance(task)
+            bar.update(task, advance=1, done=v.name)
     finish(run)
     render_bench(run)
     from flashcore_cli.core.records import save_record
