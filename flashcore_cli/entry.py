@@ -37,6 +37,10 @@ def main() -> None:
     # Children are unaffected (subprocess restores SIGPIPE's default in them anyway).
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # SIGTERM (`timeout`, a CI job cancelled, `kill`) ends a command as Ctrl-C does (exit 130): its compilers
+    # and workers killed, its temporary folders removed. Python's default would end this process alone, at once,
+    # leaving its children running (they have sessions of their own) and its folders behind.
+    signal.signal(signal.SIGTERM, _interrupt)
     if not is_help_request(sys.argv[1:]):
         from flashcore_cli.cli import app
 
@@ -50,6 +54,10 @@ def main() -> None:
         store_entry(path, key, text)
     sys.stdout.write(text)
     sys.stdout.flush()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def is_help_request(args: list[str]) -> bool:
