@@ -1,7 +1,7 @@
 """How every command ends: handle_errors gives each outcome its exit code (core/errors.py lists them): a
 FlashcoreError is one line and its code (2: bad input), an unexpected exception one line and the path of a
-log holding its traceback (3), Ctrl-C 130. It also refuses empty option values and resolves the registry a
-command uses."""
+log holding its traceback (3), Ctrl-C (or SIGTERM) 130. It also refuses empty option values and numbers given as
+nan or inf, and resolves the registry a command uses."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def handle_errors(fn):
 
         try:
             _refuse_empty_values(fn, kwargs)
+            _refuse_non_finite(fn, kwargs)
             if "ctx" in kwargs:
                 _resolve_registry(kwargs["ctx"])
             code = fn(*args, **kwargs)
@@ -66,6 +67,17 @@ def _refuse_empty_values(fn, values: dict) -> None:
             if label:
                 raise FlashcoreError(f"{label} is empty: give it a value, or leave the option out for its default")
             raise FlashcoreError(f"the {name.rstrip('_').upper()} argument is empty")
+
+
+def _refuse_non_finite(fn, values: dict) -> None:
+    """A number option given as nan or inf (which click's float type accepts) passes every `<= 0` check:
+    refused here, for every command's --timeout, --interval, --threshold, ... alike."""
+    import math
+
+    for name, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            label = _option_name(fn, name) or name.upper()
+            raise FlashcoreError(f"{label} {value}: give a finite number")
 
 
 def _option_name(fn, parameter: str) -> str | None:

@@ -69,6 +69,9 @@ def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, ca
     if tool not in TOOLS:
         raise FlashcoreError(f"unknown sanitizer tool '{tool}' (one of: {', '.join(TOOLS)})")
     check_timeout(timeout)
+    if show < 0:
+        raise FlashcoreError(f"--show {show}: how many problems to print, 0 or more")
+    arch = target_arch(arch_text)  # every argument checked before the tools and the GPU
     reg = load_registry(registry_path)
     variant = reg.get(name)
     shape = parse_shape(shape_text or f"1,2,{DEFAULT_SEQ_LEN},{variant.head_dims[0]}")
@@ -80,7 +83,6 @@ def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, ca
         log = Path(tmp) / "sanitizer.log"
         prefix = sanitizer_command(tool, log)
         require_gpu("sanitize")
-        arch = target_arch(arch_text)
         build_first(reg, variant, arch, "sanitize")
         outcome = launch_under(prefix, reg, variant, arch, case, timeout=timeout, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
         text = log.read_text(errors="replace") if log.is_file() else ""
@@ -149,9 +151,9 @@ def run_profile(registry_path, name: str, shape_text: str | None, causal: bool, 
     reason = variant.unsupported_reason(shape.head_dim, causal, gqa=shape.gqa, seqlen_kv=shape.other_kv_len, seq_len=shape.seq_len)
     if reason:
         raise FlashcoreError(reason)
+    arch = target_arch(arch_text)  # every argument checked before the tools and the GPU
     ncu = require("ncu", "`flashcore profile`")
     require_gpu("profile")
-    arch = target_arch(arch_text)
     case = Case(shape, causal, seed=1)
     with status(f"building {variant.name} for {arch}; reading its kernel names (ptxas)"):
         probe = compile_probe(variant, arch)
