@@ -42,10 +42,7 @@ def main() -> None:
     # leaving its children running (they have sessions of their own) and its folders behind.
     signal.signal(signal.SIGTERM, _interrupt)
     if not is_help_request(sys.argv[1:]):
-        from flashcore_cli.cli import app
-
-        app()
-        return
+        sys.exit(run_cli(sys.argv[1:]))
     key = screen_key(sys.argv)
     path = entry_path(key)
     text = read_entry(path, key)
@@ -54,6 +51,14 @@ def main() -> None:
         store_entry(path, key, text)
     sys.stdout.write(text)
     sys.stdout.flush()
+
+
+def run_cli(args: list[str]) -> int:
+    """The CLI on `args`: its exit code, a parse error included (commands/handling.py's run_app)."""
+    from flashcore_cli.cli import app
+    from flashcore_cli.commands.handling import run_app
+
+    return run_app(app, args)
 
 
 def _interrupt(signum, frame) -> None:
