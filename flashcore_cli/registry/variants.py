@@ -195,6 +195,8 @@ class Registry:
         return [v.name for v in self.variants]
 
     def get(self, name: str) -> Variant:
+        if not isinstance(name, str):  # load_variant(None) from the Python API
+            raise FlashcoreError(f"a variant's name is a string, e.g. 'v11' (got {name!r}); `flashcore list` shows the registry")
         for v in self.variants:
             if name == v.name or name in v.aliases:
                 return v
