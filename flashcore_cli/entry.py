@@ -37,11 +37,12 @@ def main() -> None:
     # Children are unaffected (subprocess restores SIGPIPE's default in them anyway).
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # SIGTERM (`timeout`, a CI job cancelled, `kill`) ends a command as Ctrl-C does (exit 130): its compilers
+    # and workers killed, its temporary folders removed. Python's default would end this process alone, at once,
+    # leaving its children running (they have sessions of their own) and its folders behind.
+    signal.signal(signal.SIGTERM, _interrupt)
     if not is_help_request(sys.argv[1:]):
-        from flashcore_cli.cli import app
-
-        app()
-        return
+        sys.exit(run_cli(sys.argv[1:]))
     key = screen_key(sys.argv)
     path = entry_path(key)
     text = read_entry(path, key)
@@ -50,6 +51,18 @@ def main() -> None:
         store_entry(path, key, text)
     sys.stdout.write(text)
     sys.stdout.flush()
+
+
+def run_cli(args: list[str]) -> int:
+    """The CLI on `args`: its exit code, a parse error included (commands/handling.py's run_app)."""
+    from flashcore_cli.cli import app
+    from flashcore_cli.commands.handling import run_app
+
+    return run_app(app, args)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def is_help_request(args: list[str]) -> bool:

@@ -4,6 +4,11 @@ from pathlib import Path
 
 import pytest
 
+# One thread per torch process (this one, the workers, the scripts the tests run). The tests' tensors are small,
+# and on a shared 2-core machine torch's default of a thread per core oversubscribes it: scripts/train_tiny.py's CPU
+# check (test_autograd) took 247 s with the default and 39 s with one thread, at a load of ~5.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -112,6 +117,27 @@ def fresh_cache(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("FLASHCORE_CACHE", str(cache))
     return cache
+
+
+SHARED_CACHE_ENV = "FLASHCORE_TEST_CACHE"
+
+
+@pytest.fixture(scope="session")
+def session_cache_dir(tmp_path_factory):
+    """One cache for the whole run, empty at its start; or $FLASHCORE_TEST_CACHE, a cache CI filled in the same
+    job with the same sources (`flashcore ptxas --all` before the suite: .ci/run). Probes are cached by content
+    (the sources and headers, flags, target, nvcc), so what it holds is what a compile would give now."""
+    given = os.environ.get(SHARED_CACHE_ENV)
+    return Path(given) if given else tmp_path_factory.mktemp("shared-cache")
+
+
+@pytest.fixture
+def shared_cache(session_cache_dir, monkeypatch):
+    """The run's one cache, for tests that only read compiles of the registry's own, unmodified variants (their
+    ptxas probes): each is compiled once, by whichever test needs it first, and is still never another run's.
+    A test that counts compiles, edits a source or interrupts one keeps fresh_cache."""
+    monkeypatch.setenv("FLASHCORE_CACHE", str(session_cache_dir))
+    return session_cache_dir
 
 
 def host_check_program(tmp_path_factory, source: Path, target: str) -> Path:

@@ -67,7 +67,7 @@ def test_help_is_fast_and_does_not_import_torch():
     assert elapsed < 2.0  # the budget is 0.5 s on a quiet machine; CI runners are shared, so only gross regressions fail
 
 
-def test_ptxas_json_for_baseline(tmp_path, nvcc, fresh_cache, table_rows):
+def test_ptxas_json_for_baseline(tmp_path, nvcc, shared_cache, table_rows):
     out = tmp_path / "ptxas.json"
     result = invoke("ptxas", "baseline", "--arch", "sm_89,sm_90", "--json", str(out), "--fail-on-spill")
     assert result.exit_code == 0, result.output

@@ -32,7 +32,8 @@ def test_a_declared_head_dim_with_no_kernel_is_exit_2_naming_both(tmp_path, nvcc
     assert "kernels/ladder/baseline.cu plans kernels for 64, 128" in line  # the kernel's
 
 
-# ---------------------------------------------------------------- `flashcore list` checks the same, for the default arch
+# ---------------------------------------------------------------- `flashcore list` checks the same, for the default arch:
+# from the probes cached, and with --check after compiling the missing ones
 BASELINE = '  - name: {name}\n    sources: [kernels/ladder/baseline.cu]\n    summary: "x"\n    head_dims: {dims}\n    causal: true\n'
 
 
@@ -50,15 +51,17 @@ def baseline_project(tmp_path, *entries: str):
 
 
 def lines_of(result) -> list[str]:
-    """What a command printed, less the dim 'registry: ...' line of a registry given by --registry."""
+    """What a command printed, less the dim 'registry: ...' line of a registry given by --registry and the
+    progress lines of `list --check`'s compiles (plain lines on stderr where it is no terminal)."""
     assert "Traceback" not in result.output
-    return [line for line in result.output.splitlines() if line.strip() and not line.startswith("registry: ")]
+    return [line for line in result.output.splitlines()
+            if line.strip() and not line.startswith(("registry: ", "checking declarations: "))]  # fmt: skip
 
 
 def test_list_refuses_head_dims_its_kernel_does_not_plan_in_one_line_naming_both(tmp_path, nvcc, fresh_cache, monkeypatch):
     registry = baseline_project(tmp_path, BASELINE.format(name="d96", dims="[96]"))
     monkeypatch.setattr("flashcore_cli.registry.archs.default_arch", lambda: "sm_90")
-    result = runner.invoke(app, ["--registry", str(registry), "list"])
+    result = runner.invoke(app, ["--registry", str(registry), "list", "--check"])
     assert result.exit_code == 2, result.output
     (line,) = lines_of(result)  # the error alone: no table
     assert line.startswith("error: variant 'd96' (sm_90): ")
@@ -73,7 +76,7 @@ def test_list_refuses_dtypes_its_kernel_does_not_take_and_names_every_variant_th
         BASELINE.format(name="bf", dims="[64, 128]") + "    dtypes: [fp16, bf16]\n",
         BASELINE.format(name="d32", dims="[32]"),
     )
-    result = runner.invoke(app, ["--registry", str(registry), "list"])
+    result = runner.invoke(app, ["--registry", str(registry), "list", "--check"])
     assert result.exit_code == 2, result.output
     (line,) = lines_of(result)
     assert "variant 'bf' (" in line  # the first in registry order that disagrees
@@ -84,7 +87,7 @@ def test_list_refuses_dtypes_its_kernel_does_not_take_and_names_every_variant_th
 def test_list_of_a_registry_that_agrees_with_its_kernels_is_the_table_and_cached(tmp_path, nvcc, fresh_cache, monkeypatch, table_rows):
     registry = baseline_project(tmp_path, BASELINE.format(name="ok", dims="[128, 64]") + "    archs: [sm_90a]\n")
     monkeypatch.setattr("flashcore_cli.registry.archs.default_arch", lambda: "sm_89")  # a GPU it does not run on
-    result = runner.invoke(app, ["--registry", str(registry), "list"])
+    result = runner.invoke(app, ["--registry", str(registry), "list", "--check"])
     assert result.exit_code == 0, result.output
     assert [row["name"] for row in table_rows] == ["ok"] and "note:" not in result.output
     assert [p.name.split("-")[:2] for p in (fresh_cache / "ptxas").glob("*.json")] == [["ok", "sm_90a"]]  # its own target
@@ -120,7 +123,7 @@ def test_list_notes_a_kernel_whose_probe_does_not_compile(tmp_path, nvcc, fresh_
                                 '  - name: broken\n    sources: [kernels/broken.cu]\n    summary: "x"\n    head_dims: [64]\n    causal: true\n')  # fmt: skip
     (tmp_path / "kernels" / "broken.cu").write_text('#include "flashcore.h"\nint x = ;\n')
     monkeypatch.setattr("flashcore_cli.registry.archs.default_arch", lambda: "sm_90")
-    result = runner.invoke(app, ["--registry", str(registry), "list"])
+    result = runner.invoke(app, ["--registry", str(registry), "list", "--check"])
     assert result.exit_code == 0, result.output
     assert [row["name"] for row in table_rows] == ["ok", "broken"]
     assert lines_of(result)[-1] == ("note: declarations not checked against the kernels of broken: its probe did not compile or run "

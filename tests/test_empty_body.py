@@ -54,7 +54,7 @@ def test_the_thresholds_sit_between_an_empty_body_and_a_real_rung():
     assert not empty.looks_empty()
 
 
-def test_ptxas_flags_a_compiled_out_body_and_names_the_cause(project, nvcc, fresh_cache):
+def test_ptxas_flags_a_compiled_out_body_and_names_the_cause(project, nvcc, shared_cache):
     result = runner.invoke(app, ["--registry", str(project), "ptxas", "noarch", "baseline", "--arch", "sm_90"])
     assert result.exit_code == 0, result.output  # a warning, not a failure
     text = said(result)

@@ -152,7 +152,7 @@ def test_an_empty_registry_option_is_bad_input():
 def test_an_unexpected_exception_is_one_line_a_log_and_exit_3(monkeypatch, tmp_path):
     from flashcore_cli.commands import list as commands
 
-    def broken(registry_path, check):
+    def broken(registry_path, **options):
         return {}["missing"]
 
     monkeypatch.setattr(commands, "cmd_list", broken)
@@ -170,7 +170,7 @@ def test_an_unexpected_exception_is_one_line_a_log_and_exit_3(monkeypatch, tmp_p
 def test_ctrl_c_is_exit_130(monkeypatch):
     from flashcore_cli.commands import list as commands
 
-    def interrupted(registry_path, check):
+    def interrupted(registry_path, **options):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(commands, "cmd_list", interrupted)

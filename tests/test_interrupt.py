@@ -43,7 +43,7 @@ def alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
-@pytest.mark.parametrize("args", [["ptxas", "v11", "--arch", "sm_90"], ["ptxas", "--all", "--arch", "sm_89,sm_90"], ["list"]])
+@pytest.mark.parametrize("args", [["ptxas", "v11", "--arch", "sm_90"], ["ptxas", "--all", "--arch", "sm_89,sm_90"], ["list", "--check"]])
 def test_ctrl_c_during_compiles_is_130_at_once_and_leaves_no_compiler(tmp_path, nvcc, args):
     # TMPDIR: nvcc's and the probe's temporary files, so every compiler's command line names tmp_path
     env = {**os.environ, "FLASHCORE_CACHE": str(tmp_path / "cache"), "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)}

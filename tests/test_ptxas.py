@@ -52,7 +52,7 @@ def test_occupancy_limits():
     assert ctas == 0 and "per block" in why
 
 
-def test_every_registered_kernel_compiles_for_the_l4_and_hopper_without_spills(tmp_path, nvcc, fresh_cache):
+def test_every_registered_kernel_compiles_for_the_l4_and_hopper_without_spills(tmp_path, nvcc, shared_cache):
     out = tmp_path / "ptxas.json"
     result = CliRunner().invoke(app, ["ptxas", "--all", "--arch", "sm_89,sm_90", "--json", str(out), "--fail-on-spill"])
     assert result.exit_code == 0, result.output

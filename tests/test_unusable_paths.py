@@ -122,7 +122,7 @@ def test_ptxas_json_into_a_folder_is_refused_before_compiling(tmp_path, fresh_ca
     assert not (fresh_cache / "ptxas").exists()  # refused before any compile
 
 
-def test_ptxas_json_creates_its_folder(tmp_path, nvcc, fresh_cache):
+def test_ptxas_json_creates_its_folder(tmp_path, nvcc, shared_cache):
     out = tmp_path / "new" / "folder" / "ptxas.json"
     result = runner.invoke(app, ["ptxas", "baseline", "--arch", "sm_90", "--json", str(out)])
     assert result.exit_code == 0, result.output

@@ -16,7 +16,7 @@ from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.core.passes import DEFAULT_PASS
 from flashcore_cli.measure.modes import DEFAULT_MODE, mode_help
 from flashcore_cli.registry.archs import target_arch
-from flashcore_cli.registry.variants import load_registry
+from flashcore_cli.registry.variants import load_registry, require_runnable
 
 
 def bench(
@@ -65,9 +65,12 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
         raise FlashcoreError(f"--pair {pair!r}: expected a reference row, one of {', '.join(REFERENCE_ROWS)}")
     if pair is not None and modes != ["cold"]:
         raise FlashcoreError(f"--pair: paired samples are taken in cold mode only (not --mode {','.join(modes)})")
-    usable_paths(json_path, results=True)
-    require_gpu("bench")
     arch = target_arch(arch)
+    if names:  # the variants asked for by name: a shape none of them runs is a bad value (with --all: SKIP rows)
+        require_runnable(variants, [shape], causal=causal, dtype=dtype, backward=passes != DEFAULT_PASS)
+    usable_paths(json_path, results=True, create=False)  # checked, nothing made before a refusal (no GPU)
+    require_gpu("bench")
+    usable_paths(json_path, results=True)
     seed = seed if seed is not None else new_seed()
     case = Case(shape, causal, seed, dtype=dtype, grads=passes != DEFAULT_PASS)
     run = BenchRun(shape, causal, seed, modes, dtype=dtype, passes=passes)
@@ -80,13 +83,13 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
         refs, run.environment = bench_references(case, reps=reps, warmup=warmup, timeout=timeout, modes=modes,
                                                  passes=passes)  # fmt: skip
         run.add(refs)
-        bar.advance(task)
+        bar.update(task, advance=1, done="references")
         for v in variants:
             bar.update(task, description=f"{v.name}: build, check, time")
             rows = bench_variant(reg, v, case, arch=arch, reps=reps, warmup=warmup, timeout=timeout, modes=modes,
                                  passes=passes, pair=pair or "")  # fmt: skip
             run.add({m: [row, *([row.paired] if row.paired else [])] for m, row in rows.items()})
-            bar.advance(task)
+            bar.update(task, advance=1, done=v.name)
     finish(run)
     render_bench(run)
     from flashcore_cli.core.records import save_record

@@ -69,7 +69,7 @@ def cmd_build(registry_path, names, all_, arch, force, verbose) -> int:
                 for fut in as_completed([pool.submit(one, v) for v in todo]):
                     v, outcome = fut.result()
                     results[v.name] = outcome
-                    bar.advance(task)
+                    bar.update(task, advance=1, done=v.name)
                     bar.console.print(f"  {v.name}: {_build_word(outcome)}")
     failed = 0
     table = Table(title=f"builds ({arch})")

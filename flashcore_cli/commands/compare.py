@@ -27,6 +27,10 @@ def run_compare(path_a: str, path_b: str, threshold: float, mode: str | None = N
 
     if not 0 <= threshold < 1:
         raise FlashcoreError(f"--threshold {threshold}: give a fraction between 0 and 1 (0.05 is 5%)")
+    if mode is not None:  # a mode no record can hold is a bad value, named as one (not "no warm-mode rows")
+        from flashcore_cli.measure.modes import parse_modes
+
+        (mode,) = parse_modes(mode, several=False)
     a, b = load_pair(path_a, path_b, mode)
     if record_mode(a) != record_mode(b):
         raise FlashcoreError(

@@ -1,7 +1,8 @@
-"""How every command ends: handle_errors gives each outcome its exit code (core/errors.py lists them): a
+"""How every command ends: run_app runs the app and says a request the parser refuses in one line (exit 2);
+handle_errors gives each outcome its exit code (core/errors.py lists them): a
 FlashcoreError is one line and its code (2: bad input), an unexpected exception one line and the path of a
-log holding its traceback (3), Ctrl-C 130. It also refuses empty option values and resolves the registry a
-command uses."""
+log holding its traceback (3), Ctrl-C (or SIGTERM) 130. It also refuses empty option values and numbers given as
+nan or inf, and resolves the registry a command uses."""
 
 from __future__ import annotations
 
@@ -10,6 +11,34 @@ import functools
 import typer
 
 from flashcore_cli.core.errors import EXIT_INTERNAL_ERROR, EXIT_INTERRUPTED, FlashcoreError
+
+
+def run_app(app: typer.Typer, args: list[str]) -> int:
+    """Run the app on `args` and return its exit code. A command's own outcomes are handle_errors's; a request
+    the parser refuses (an unknown option, a missing argument, a bad number) is one line, exit 2, as every other
+    bad input: not the framed box typer draws."""
+    from rich.markup import escape
+    from typer.main import get_command
+
+    from flashcore_cli.core.console import err_console
+
+    try:
+        code = get_command(app).main(args=args, standalone_mode=False)
+    except KeyboardInterrupt:  # before a command began (or after it ended): the same as inside one
+        err_console.print("[yellow]interrupted[/]")
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if not (hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int)):
+            raise  # not the parser's: handle_errors saw it first, so this is typer's own
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `flashcore`, `flashcore report`: the help screen
+            exc.show()
+            return exc.exit_code
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (`{ctx.command_path} --help` lists what it takes)" if ctx is not None else ""
+        err_console.print(f"[bold red]error:[/] {escape(' '.join(exc.format_message().split()) + hint)}", highlight=False,
+                          soft_wrap=True)  # fmt: skip
+        return exc.exit_code
+    return code if isinstance(code, int) else 0
 
 
 def handle_errors(fn):
@@ -24,6 +53,7 @@ def handle_errors(fn):
 
         try:
             _refuse_empty_values(fn, kwargs)
+            _refuse_non_finite(fn, kwargs)
             if "ctx" in kwargs:
                 _resolve_registry(kwargs["ctx"])
             code = fn(*args, **kwargs)
@@ -66,6 +96,17 @@ def _refuse_empty_values(fn, values: dict) -> None:
             if label:
                 raise FlashcoreError(f"{label} is empty: give it a value, or leave the option out for its default")
             raise FlashcoreError(f"the {name.rstrip('_').upper()} argument is empty")
+
+
+def _refuse_non_finite(fn, values: dict) -> None:
+    """A number option given as nan or inf (which click's float type accepts) passes every `<= 0` check:
+    refused here, for every command's --timeout, --interval, --threshold, ... alike."""
+    import math
+
+    for name, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            label = _option_name(fn, name) or name.upper()
+            raise FlashcoreError(f"{label} {value}: give a finite number")
 
 
 def _option_name(fn, parameter: str) -> str | None:

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from flashcore_cli.core.console import console, err_console, short_kernel
+from flashcore_cli.core.console import console, err_console, short_kernel, status
 from flashcore_cli.core.errors import EXIT_CHECK_FAILED, EXIT_OK, FlashcoreError
 from flashcore_cli.commands.options import Arch, Causal, Name, check_timeout
 from flashcore_cli.core.statuses import CRASH, TIMEOUT
@@ -69,6 +69,9 @@ def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, ca
     if tool not in TOOLS:
         raise FlashcoreError(f"unknown sanitizer tool '{tool}' (one of: {', '.join(TOOLS)})")
     check_timeout(timeout)
+    if show < 0:
+        raise FlashcoreError(f"--show {show}: how many problems to print, 0 or more")
+    arch = target_arch(arch_text)  # every argument checked before the tools and the GPU
     reg = load_registry(registry_path)
     variant = reg.get(name)
     shape = parse_shape(shape_text or f"1,2,{DEFAULT_SEQ_LEN},{variant.head_dims[0]}")
@@ -80,7 +83,6 @@ def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, ca
         log = Path(tmp) / "sanitizer.log"
         prefix = sanitizer_command(tool, log)
         require_gpu("sanitize")
-        arch = target_arch(arch_text)
         build_first(reg, variant, arch, "sanitize")
         outcome = launch_under(prefix, reg, variant, arch, case, timeout=timeout, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
         text = log.read_text(errors="replace") if log.is_file() else ""
@@ -149,11 +151,11 @@ def run_profile(registry_path, name: str, shape_text: str | None, causal: bool, 
     reason = variant.unsupported_reason(shape.head_dim, causal, gqa=shape.gqa, seqlen_kv=shape.other_kv_len, seq_len=shape.seq_len)
     if reason:
         raise FlashcoreError(reason)
+    arch = target_arch(arch_text)  # every argument checked before the tools and the GPU
     ncu = require("ncu", "`flashcore profile`")
     require_gpu("profile")
-    arch = target_arch(arch_text)
     case = Case(shape, causal, seed=1)
-    with console.status(f"building {variant.name} for {arch}; reading its kernel names (ptxas)"):
+    with status(f"building {variant.name} for {arch}; reading its kernel names (ptxas)"):
         probe = compile_probe(variant, arch)
         if probe.error:
             raise FlashcoreError(f"{variant.name}: the compile failed, nothing to profile:\n{probe.error}", exit_code=EXIT_CHECK_FAILED)
@@ -161,7 +163,7 @@ def run_profile(registry_path, name: str, shape_text: str | None, causal: bool, 
     regex = kernel_regex([function_name(k.kernel) for k in probe.kernels])
 
     with tempfile.TemporaryDirectory(prefix="flashcore-ncu-") as tmp:
-        with console.status(f"ncu: {variant.name} on {case.label()} (kernels {regex[6:]})"):
+        with status(f"ncu: {variant.name} on {case.label()} (kernels {regex[6:]})"):
             report, kernels, dropped = collect(
                 ncu, regex, lambda prefix: launch_under(prefix, reg, variant, arch, case, timeout=timeout), Path(tmp)
             )
@@ -231,7 +233,7 @@ def run_sass(registry_path, name: str, arch_text: str | None, out: str | None) -
     arch = variant.build_target(target_arch(arch_text))
     if out:
         output_file(out, "--out")  # a folder or an unwritable path: refused before the compile
-    with console.status(f"nvcc -cubin {variant.name} for {arch}, cuobjdump -sass"):
+    with status(f"nvcc -cubin {variant.name} for {arch}, cuobjdump -sass"):
         text, kernels = variant_sass(variant, arch)
     if not kernels:
         raise FlashcoreError(f"{variant.name}: cuobjdump found no kernels in the cubin", exit_code=EXIT_CHECK_FAILED)

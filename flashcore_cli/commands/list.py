@@ -1,4 +1,5 @@
-"""`flashcore list`: the registry as a table, after checking each entry against what its kernel declares."""
+"""`flashcore list`: the registry as a table of what it declares, checked against what each kernel declares from the
+ptxas probes already cached (`--check` compiles the missing ones)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from flashcore_cli.core.console import console, err_console, progress
+from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.registry.variants import load_registry
 
 
@@ -16,31 +18,37 @@ def list_(
     ctx: typer.Context,
     *,
     no_check: Annotated[bool, typer.Option("--no-check", help="do not check the registry's head dims, dtypes and features "
-                                           "against what each kernel declares (that check compiles a probe with nvcc, cached)")] = False,
+                                           "against the kernels' own, not even from the ptxas cache")] = False,
+    check: Annotated[bool, typer.Option("--check", help="compile the ptxas probe of every kernel the cache lacks (nvcc, "
+                                        "seconds to minutes), so every variant is checked")] = False,
 ) -> int:
-    """Print the registry: every variant, its head dims, causal support and idea; exit 2 where an entry and its
-    kernel disagree."""
-    return cmd_list(ctx.obj["registry"], check=not no_check)
+    """Print the registry: every variant, its head dims, causal support and idea, as declared (nothing compiled);
+    exit 2 where an entry and its kernel disagree (checked from the probes `flashcore ptxas` caches; --check
+    compiles the missing ones)."""
+    if check and no_check:
+        raise FlashcoreError("--check and --no-check: give one or the other")
+    return cmd_list(ctx.obj["registry"], check=not no_check, probe=check)
 
 
-def cmd_list(registry_path, check: bool = True) -> int:
-    """The registry as a table. With check, first each variant's head dims, dtypes and features are checked
-    against what its kernel declares, through the ptxas probe for the default arch (cached probes answer at
-    once, the rest compile in parallel, a progress line on stderr): a disagreement is one error line (exit 2);
-    a kernel that cannot be probed here (no nvcc, a failed compile) leaves one note under the table."""
+def cmd_list(registry_path, check: bool = True, probe: bool = False) -> int:
+    """The registry as a table of what it declares, at once: nothing is compiled unless `probe`. With check,
+    each variant's head dims, dtypes and features are checked against what its kernel declares, through the
+    ptxas probe's cache for the default arch (`flashcore ptxas` fills it); with probe, the probes the cache
+    lacks are compiled first (in parallel, progress on stderr). A disagreement is one error line (exit 2); a
+    kernel not checked (no cached probe, no nvcc, a failed compile) leaves one note under the table."""
     from flashcore_cli.builder.ptxas import DeclarationProbes
     from flashcore_cli.registry.archs import default_arch
 
     reg = load_registry(registry_path)
     unchecked = None
-    if check:
+    if check or probe:
         probes = DeclarationProbes(reg.variants, default_arch())
-        if probes.todo and err_console.is_terminal:
+        if probes.todo and probe:
             with progress(err_console) as bar:
                 task = bar.add_task(f"checking declarations: probing {len(probes.todo)} kernel(s) with nvcc", total=len(probes.todo))
                 probes.compile(on_done=lambda: bar.advance(task))
-        elif probes.todo:  # no terminal to draw on (a pipe, a file): stderr stays clean for the reader
-            probes.compile(on_done=lambda: None)
+        for v, _, _ in probes.todo:  # no probe cached and none compiled: said, never passed in silence
+            probes.unchecked[v.name] = "not probed yet (`flashcore ptxas --all` or `flashcore list --check` compiles the probes)"
         problem = probes.disagreement()
         if problem:
             raise problem

@@ -42,8 +42,8 @@ def check_timeout(timeout: float) -> None:
 
 
 def check_positive(seconds: float, option: str) -> None:
-    """A number of seconds must be above 0 (nan is not)."""
-    if not seconds > 0:
+    """A number of seconds must be above 0 (nan and inf never reach here: handling.py refuses them for every option)."""
+    if seconds <= 0:
         raise FlashcoreError(f"{option} must be positive (seconds)")
 
 
@@ -60,13 +60,13 @@ def check_reps(reps: int) -> None:
         raise FlashcoreError(f"--reps {reps}: at least {MIN_REPS} timed calls are needed for a median and p10/p90")
 
 
-def usable_paths(json_path, results: bool = False) -> None:
+def usable_paths(json_path, results: bool = False, create: bool = True) -> None:
     """The cache the builds write, the results folder and the --json file, checked before any work (one line,
-    exit 2)."""
+    exit 2). create=False: checked only, nothing made, for a check before a refusal that may follow (no GPU)."""
     from flashcore_cli.core.records import RESULTS_ENV, output_file, results_dir, usable_cache, usable_folder
 
-    usable_cache()
+    usable_cache(create=create)
     if results:
-        usable_folder(results_dir(), RESULTS_ENV, "results")
+        usable_folder(results_dir(), RESULTS_ENV, "results", create=create)
     if json_path:
-        output_file(json_path, "--json")
+        output_file(json_path, "--json", create=create)

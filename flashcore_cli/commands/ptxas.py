@@ -41,7 +41,7 @@ def cmd_ptxas(registry_path, names, all_, arch_text, json_path, fail_on_spill) -
         output_file(json_path, "--json")  # a folder or an unwritable path: refused before the compiles
     with progress() as bar:
         task = bar.add_task(f"nvcc -Xptxas -v: {len(variants)} variant(s) x {', '.join(archs)}", total=len(variants) * len(archs))
-        reports = report_all(variants, archs, on_done=lambda r: bar.advance(task))
+        reports = report_all(variants, archs, on_done=lambda r: bar.update(task, advance=1, done=f"{r.variant} {r.arch}"))
     table = Table(title="ptxas resources (per __global__ kernel)")
     for col, just in (("variant", "left"), ("kernel", "left"), ("arch", "left"), ("regs", "right"), ("static smem", "right"),
                       ("dyn smem", "right"), ("spill st/ld", "right"), ("stack", "right"), ("threads", "right"),

@@ -49,7 +49,7 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
     from flashcore_cli.registry.archs import target_arch
     from flashcore_cli.measure.gpus import visible_gpus
     from flashcore_cli.core.gpu import clocks
-    from flashcore_cli.registry.variants import load_registry
+    from flashcore_cli.registry.variants import load_registry, require_runnable
     from flashcore_cli.registry.shapes import parse_dtype, parse_pass, parse_shape
     from flashcore_cli.measure.modes import MODES, parse_modes
 
@@ -61,11 +61,12 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
     seq_lens = parse_seq_lens(seq_text or DEFAULT_SEQ_LENS)
     shapes = [parse_shape(f"{batch},{heads},{s},{dim}") for s in seq_lens]
     check_counts(reps, warmup, timeout)
+    arch = target_arch(arch_text)
+    require_runnable(variants, shapes, causal=causal, dtype=dtype, backward=passes != DEFAULT_PASS)  # a head dim none runs
     if plot:
         require_matplotlib()
     require_gpu("sweep")
     gpus = visible_gpus() or ["0"]
-    arch = target_arch(arch_text)
     seed = new_seed()
     template = PointJob(str(reg.path), None, {}, arch, reps, warmup, timeout, mode, passes)
     jobs = plan_points(template, [v.name for v in variants], shapes, causal, seed, dtype)

@@ -13,7 +13,7 @@ from flashcore_cli.core.errors import EXIT_CHECK_FAILED, EXIT_OK
 from flashcore_cli.core.events import Event
 from flashcore_cli.core.statuses import BUILD_FAIL, CRASH, MISMATCH, NOT_RUN, OK, SKIP, TIMEOUT
 from flashcore_cli.registry.archs import target_arch
-from flashcore_cli.registry.variants import load_registry
+from flashcore_cli.registry.variants import load_registry, require_runnable
 
 
 def test(
@@ -43,9 +43,12 @@ def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, 
     variants = reg.select(names, all_)
     shapes = parse_shapes(shapes_text)
     check_timeout(timeout)
-    usable_paths(json_path)
-    require_gpu("test")
     arch = target_arch(arch)
+    if shapes:
+        require_runnable(variants, shapes, causal=None)
+    usable_paths(json_path, create=False)  # the arguments first, then the GPU: a bad value is named as one
+    require_gpu("test")
+    usable_paths(json_path)
     seed = seed if seed is not None else new_seed()
     console.print(f"seed {seed} (case i uses seed {seed}+i); timeout {timeout:.0f} s per variant after its build; arch {arch}")
     outcomes = []

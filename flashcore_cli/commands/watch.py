@@ -102,7 +102,7 @@ def run_watch(registry_path, name: str, shape_values: list[str] | None, causal: 
     from flashcore_cli.loop.watch import BENCH_MODE, Watcher, worker_steps
     from flashcore_cli.registry.archs import target_arch
     from flashcore_cli.registry.shapes import MISSION_SHAPE, parse_dtype, parse_shapes
-    from flashcore_cli.registry.variants import load_registry
+    from flashcore_cli.registry.variants import load_registry, require_runnable
 
     shapes = parse_shapes(shape_values) or parse_shapes([MISSION_SHAPE])
     dtype = parse_dtype(dtype_text)
@@ -110,9 +110,11 @@ def run_watch(registry_path, name: str, shape_values: list[str] | None, causal: 
     check_timeout(timeout)
     if bench:
         check_reps(reps)
-    variant_name = load_registry(registry_path).get(name).name  # an unknown name fails here, before anything runs
-    require_gpu("watch")
+    variant = load_registry(registry_path).get(name)  # an unknown name fails here, before anything runs
+    variant_name = variant.name
     arch = target_arch(arch_text)
+    require_runnable([variant], shapes, causal=causal, dtype=dtype)  # the arguments first, then the GPU
+    require_gpu("watch")
     seed = new_seed()
     steps = worker_steps(registry_path, variant_name, shapes, causal=causal, dtype=dtype, arch=arch, timeout=timeout,
                          seed=seed, bench=bench, reps=reps)  # fmt: skip

@@ -30,8 +30,12 @@ def styled(status: str) -> str:
     return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
 
 
-def progress(on: Console | None = None) -> Progress:
-    """A transient progress bar on `on` (default: stdout's console; err_console keeps stdout for the result)."""
+def progress(on: Console | None = None):
+    """A transient progress bar on `on` (default: stdout's console; err_console keeps stdout for the result).
+    Where stderr is no terminal (a CI log, `2> file`, a pipe) a bar would draw nothing: plain lines on stderr
+    instead, one per step (PlainProgress)."""
+    if not err_console.is_terminal:
+        return PlainProgress(on or console)
     return Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -41,6 +45,61 @@ def progress(on: Console | None = None) -> Progress:
         console=on or console,
         transient=True,
     )
+
+
+def status(text: str):
+    """A spinner on stdout's console while one long step runs; where stderr is no terminal, the step as one
+    plain line on stderr instead (as progress())."""
+    if not err_console.is_terminal:
+        from contextlib import nullcontext
+
+        PlainProgress._say(text)
+        return nullcontext()
+    return console.status(text)
+
+
+class PlainProgress:
+    """The part of rich's Progress the commands use (add_task, advance, update, console), written as plain
+    lines on stderr: a task's description when it starts or changes, and each step done as
+    'description: done (3/20)' (`done`, an update field, names the step: the variant, the arch)."""
+
+    def __init__(self, on: Console):
+        self.console = on  # what a command prints beside the bar goes where it would with a bar
+        self._tasks: dict[int, dict] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def add_task(self, description: str, total: float | None = None, **fields) -> int:
+        task = len(self._tasks)
+        self._tasks[task] = {"description": description, "total": total, "completed": 0}
+        self._say(f"{description}{f' (0/{total:g})' if total else ''}")
+        return task
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        self.update(task, advance=advance)
+
+    def update(self, task: int, *, description: str | None = None, advance: float | None = None,
+               completed: float | None = None, total: float | None = None, done: str | None = None, **fields) -> None:  # fmt: skip
+        state = self._tasks[task]
+        if total is not None:
+            state["total"] = total
+        if description is not None and description != state["description"]:
+            state["description"] = description
+            if not advance:
+                self._say(description)
+        if advance or completed is not None:
+            state["completed"] = completed if completed is not None else state["completed"] + advance
+            if advance:
+                count = f" ({state['completed']:g}/{state['total']:g})" if state["total"] else ""
+                self._say(f"{state['description']}{': ' + done if done else ''}{count}")
+
+    @staticmethod
+    def _say(line: str) -> None:
+        err_console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def short_kernel(name: str) -> str:

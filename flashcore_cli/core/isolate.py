@@ -63,7 +63,9 @@ def run_worker(
         spec_path = tmpdir / "spec.json"
         events_path.touch()
         spec_path.write_text(json.dumps({**request.to_json(), "events": str(events_path)}))
-        child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        scratch = tmpdir / "tmp"  # the worker's and its compilers' temporary files (nvcc's tmpxft_*): gone with tmpdir
+        scratch.mkdir()
+        child_env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(scratch), **(env or {})}
         start = time.monotonic()
         if _cancelled.is_set():
             raise KeyboardInterrupt
@@ -121,18 +123,21 @@ def run_tool(cmd: list[str], *, timeout: float | None = None, env: dict[str, str
     Raises KeyboardInterrupt when it was interrupted (cancelled, or it or one of its stages died of SIGINT)."""
     if _cancelled.is_set():
         raise KeyboardInterrupt
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)  # fmt: skip
-    _register(proc)
-    try:
-        if _cancelled.is_set():  # cancel_all ran between the check above and _register
-            raise KeyboardInterrupt
-        out, err = proc.communicate(timeout=timeout)
-    except BaseException:  # Ctrl-C in this (the main) thread, a timeout
-        _kill_group(proc)
-        raise
-    finally:
-        _unregister(proc)
+    # TMPDIR: nvcc's intermediate files (tmpxft_*, 8-12 MB a compile) go to a folder of ours, removed whatever
+    # happens, instead of /tmp, where a killed compile leaves them
+    with tempfile.TemporaryDirectory(prefix="flashcore-tool-") as scratch:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**(os.environ if env is None else env), "TMPDIR": scratch}, start_new_session=True)  # fmt: skip
+        _register(proc)
+        try:
+            if _cancelled.is_set():  # cancel_all ran between the check above and _register
+                raise KeyboardInterrupt
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:  # Ctrl-C in this (the main) thread, a timeout
+            _kill_group(proc)
+            raise
+        finally:
+            _unregister(proc)
     if _cancelled.is_set() or proc.returncode == -signal.SIGINT or _DIED_OF_SIGINT.search(err or "") or _DIED_OF_SIGINT.search(out or ""):
         raise KeyboardInterrupt
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

@@ -53,21 +53,22 @@ def save_record(record: dict, kind: str, label: str = "") -> Path:
 _usable: set[str] = set()  # folders already proved writable in this process
 
 
-def usable_cache() -> Path:
+def usable_cache(*, create: bool = True) -> Path:
     """cache_root(), created if missing, or one FlashcoreError saying why it cannot be used."""
-    return usable_folder(cache_root(), CACHE_ENV, "cache")
+    return usable_folder(cache_root(), CACHE_ENV, "cache", create=create)
 
 
-def usable_folder(path: Path, env: str, label: str) -> Path:
+def usable_folder(path: Path, env: str, label: str, *, create: bool = True) -> Path:
     """`path`, created if missing and proved writable by a write, or one FlashcoreError naming the folder, why,
-    and the variable that moves it."""
+    and the variable that moves it. create=False: only checked, nothing made (folder_problem)."""
     if str(path) in _usable and path.is_dir():
         return path
-    problem = folder_problem(path, create=True)
+    problem = folder_problem(path, create=create)
     if problem:
         given = f"{env}={path}" if os.environ.get(env) else f"the {label} folder {path}"
         raise FlashcoreError(f"{given} is not usable: {problem}; set {env} to a folder flashcore can write")
-    _usable.add(str(path))
+    if create:
+        _usable.add(str(path))
     return path
 
 
@@ -101,16 +102,17 @@ def folder_problem(path: Path, *, create: bool = False) -> str | None:
     return None
 
 
-def output_file(text: str, option: str) -> Path:
-    """A file a user asked flashcore to write (--json FILE, --out FILE): its folder is created when missing; a
-    folder, or a path no file can be written at, is one FlashcoreError naming the option."""
+def output_file(text: str, option: str, *, create: bool = True) -> Path:
+    """A file a user asked flashcore to write (--json FILE, --out FILE): its folder is created when missing
+    (create=False: only checked); a folder, or a path no file can be written at, is one FlashcoreError naming
+    the option."""
     path = Path(text).expanduser()
     try:
         if path.is_dir():
             raise FlashcoreError(f"{option} {text} is a folder: give the path of a file to write")
     except OSError as exc:
         raise FlashcoreError(f"{option} {text}: {exc.strerror or exc}") from None
-    problem = folder_problem(path.parent, create=True)
+    problem = folder_problem(path.parent, create=create)
     if problem:
         raise FlashcoreError(f"{option} {text}: {problem}")
     return path

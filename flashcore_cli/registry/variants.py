@@ -167,6 +167,24 @@ class Variant:
         return None
 
 
+def require_runnable(variants, shapes, *, causal: bool | None, dtype: str = DEFAULT_DTYPE, backward: bool = False) -> None:
+    """One FlashcoreError when none of `variants` runs any of `shapes` (causal None: either way): a shape or
+    head dim that nothing asked for can run is a bad value, said before anything asks for a GPU."""
+    reasons = []
+    for shape in shapes:
+        for v in variants:
+            found = [v.unsupported_reason(shape.head_dim, c, dtype=dtype, gqa=shape.gqa, seqlen_kv=shape.other_kv_len,
+                                          backward=backward, seq_len=shape.seq_len)
+                     for c in ((False, True) if causal is None else (causal,))]  # fmt: skip
+            if None in found:
+                return
+            reasons.append(found[-1] if causal is None else found[0])
+    if reasons:
+        shown = f"{shapes[0]}" + (f" (and {len(shapes) - 1} more shape(s))" if len(shapes) > 1 else "")
+        others = f"; nor does any of the other {len(variants) - 1} variant(s)" if len(variants) > 1 else ""
+        raise FlashcoreError(f"nothing to run at {shown}: {reasons[0]}{others}")
+
+
 @dataclass(frozen=True)
 class Registry:
     path: Path
@@ -177,6 +195,8 @@ class Registry:
         return [v.name for v in self.variants]
 
     def get(self, name: str) -> Variant:
+        if not isinstance(name, str):  # load_variant(None) from the Python API
+            raise FlashcoreError(f"a variant's name is a string, e.g. 'v11' (got {name!r}); `flashcore list` shows the registry")
         for v in self.variants:
             if name == v.name or name in v.aliases:
                 return v

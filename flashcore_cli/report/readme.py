@@ -28,6 +28,7 @@ from pathlib import Path
 from flashcore_cli.core.dtypes import DEFAULT_DTYPE, DTYPES
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.core.passes import DEFAULT_PASS, PASSES
+from flashcore_cli.core.records import output_file, write_output
 from flashcore_cli.core.statuses import OK
 from flashcore_cli.report.compare import (  # the records' kinds and defaults, and reading a record's sections
     BENCH_KIND,
@@ -82,6 +83,7 @@ def merge(paths: list[str], out: str) -> dict:
     """One results file from bench records (or other results files): one GPU, each case and mode once."""
     if not paths:
         raise FlashcoreError("give the bench records to merge (files written by `flashcore bench --json`)")
+    output_file(out, "--out")  # a folder or an unwritable path: refused before the records are read
     records: list[dict] = []
     origin: dict[tuple, str] = {}
     gpus: dict[str, str] = {}
@@ -100,8 +102,7 @@ def merge(paths: list[str], out: str) -> dict:
         named = "; ".join(f"{gpu} ({path})" for gpu, path in gpus.items())
         raise FlashcoreError(f"the records come from different GPUs: {named}; a results file holds one GPU's runs")
     results = {"kind": RESULTS_KIND, "gpu": next(iter(gpus)), "records": records}
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(dump(results))
+    write_output(out, dump(results), "--out")
     return results
 
 
@@ -345,7 +346,12 @@ def rewrite(path: Path, opener: re.Pattern, closer: str, render) -> tuple[str, s
     """The file's text and its text with every region re-rendered; and the regions that changed."""
     if not path.is_file():
         raise FlashcoreError(f"{path}: no such file")
-    old = path.read_text()
+    try:
+        old = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise FlashcoreError(f"{path} is not UTF-8 text (byte {exc.start}): give the Markdown file with the markers") from None
+    except OSError as exc:
+        raise FlashcoreError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     lines = old.split("\n")
     found = regions(path, lines, opener, closer)
     if not found:
