@@ -119,22 +119,21 @@ def fresh_cache(tmp_path, monkeypatch):
     return cache
 
 
-SHARED_CACHE_ENV = "FLASHCORE_TEST_CACHE"
-
-
 @pytest.fixture(scope="session")
-def session_cache_dir(tmp_path_factory):
-    """One cache for the whole run, empty at its start; or $FLASHCORE_TEST_CACHE, a cache CI filled in the same
-    job with the same sources (`flashcore ptxas --all` before the suite: .ci/run). Probes are cached by content
-    (the sources and headers, flags, target, nvcc), so what it holds is what a compile would give now."""
-    given = os.environ.get(SHARED_CACHE_ENV)
-    return Path(given) if given else tmp_path_factory.mktemp("shared-cache")
+def session_cache_dir():
+    """flashcore's own cache ($FLASHCORE_CACHE or ~/.cache/flashcore), where the README's first set-up command
+    (`flashcore ptxas --all`) left the probes of the registry's kernels. Probes are cached by content (sources and
+    headers, flags, target, nvcc), so what it holds is what a compile would give now, and what a test compiles
+    there is what `flashcore ptxas` would have written."""
+    from flashcore_cli.core.paths import cache_root
+
+    return cache_root()
 
 
 @pytest.fixture
 def shared_cache(session_cache_dir, monkeypatch):
-    """The run's one cache, for tests that only read compiles of the registry's own, unmodified variants (their
-    ptxas probes): each is compiled once, by whichever test needs it first, and is still never another run's.
+    """flashcore's own cache, for tests that only read compiles of the registry's own, unmodified variants (their
+    ptxas probes): each is compiled at most once, by `flashcore ptxas --all` or whichever test needs it first.
     A test that counts compiles, edits a source or interrupts one keeps fresh_cache."""
     monkeypatch.setenv("FLASHCORE_CACHE", str(session_cache_dir))
     return session_cache_dir
