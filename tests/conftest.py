@@ -171,3 +171,19 @@ def run_host_check(exe: Path, cases: list[str]) -> list[str]:
     assert proc.returncode == 0 and not failed, "\n".join(failed[:10]) + proc.stderr
     assert [line.split()[1] for line in lines] == cases  # one verdict per case, in order
     return lines
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """'pid: command line' of every live process whose command line holds `text`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state != b"Z":
+            found.append(f"{pid}: {cmdline[:200]}")
+    return found

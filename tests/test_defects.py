@@ -11,7 +11,7 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from conftest import FIXTURES, REPO
+from conftest import FIXTURES, REPO, processes_mentioning
 from flashcore_cli.cli import app
 from flashcore_cli.core.errors import FlashcoreError
 
@@ -160,21 +160,6 @@ def test_a_parse_error_from_the_installed_entry_point_is_one_line():
 
 
 # ---------------------------------------------------------------- a killed run leaves nothing behind
-def _processes_naming(text: str) -> list[str]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if text in cmdline and state != b"Z":
-            found.append(f"{pid}: {cmdline[:200]}")
-    return found
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 @pytest.mark.parametrize("how", ["SIGTERM to flashcore (timeout, kill)", "SIGINT to its group (Ctrl-C)"])
 def test_a_killed_ptxas_all_stops_its_compilers_and_leaves_no_temporary_file(tmp_path, nvcc, how):
@@ -186,9 +171,9 @@ def test_a_killed_ptxas_all_stops_its_compilers_and_leaves_no_temporary_file(tmp
                             env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while not _processes_naming(str(scratch)) and proc.poll() is None and time.monotonic() < deadline:
+        while not processes_mentioning(str(scratch)) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert proc.poll() is None and _processes_naming(str(scratch)), "no compiler started"
+        assert proc.poll() is None and processes_mentioning(str(scratch)), "no compiler started"
         time.sleep(1.0)  # inside the compiles: nvcc has written its intermediate files by now
         if how.startswith("SIGTERM"):
             os.kill(proc.pid, signal.SIGTERM)  # what `timeout` and `kill` send: to flashcore alone
@@ -202,5 +187,5 @@ def test_a_killed_ptxas_all_stops_its_compilers_and_leaves_no_temporary_file(tmp
     assert proc.returncode == 130, output
     assert "interrupted" in output and "compile failed" not in output
     time.sleep(0.2)
-    assert _processes_naming(str(scratch)) == []
+    assert processes_mentioning(str(scratch)) == []
     assert sorted(p.name for p in scratch.iterdir()) == []  # no flashcore-ptxas-*, no tmpxft_*

@@ -11,27 +11,11 @@ import time
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, processes_mentioning
 from flashcore_cli.core import isolate
 from flashcore_cli.core.protocol import WorkRequest
 
 COMPILERS = ("nvcc", "cicc", "ptxas", "cudafe++", "fatbinary", "nvlink", "gcc", "cc1plus", "g++", "ld")
-
-
-def processes_mentioning(text: str) -> list[str]:
-    """'pid: command line' of every live process whose command line holds `text`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if text in cmdline and state != b"Z":
-            found.append(f"{pid}: {cmdline[:200]}")
-    return found
 
 
 def alive(pid: int) -> bool:
