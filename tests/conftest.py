@@ -22,6 +22,9 @@ def cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # one worker runs every gpu test, in turn (pyproject.toml: --dist loadgroup)
+        if "gpu" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("gpu"))
     if cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run the gpu-marked tests on the lent GPU)")
