@@ -78,8 +78,48 @@ void check_same(const torch::Tensor& t, const char* name, const torch::Tensor& l
                     shape(like));
 }
 
+// The attention family's arguments as the caller gave them (FlashAttention's names), checked once by family().
+struct Family {
+  int64_t window_left = -1, window_right = -1;
+  double softcap = 0.0;
+  c10::optional<torch::Tensor> sinks;
+};
+
+// Checks the family's values and that the rung takes them; normalizes the window (causal sets its right edge to
+// 0, and (-1, 0) is causal), and sets p's fields.
+void family(FlashcoreParams& p, bool causal, const Family& f, const torch::Tensor& q) {
+  TORCH_CHECK_VALUE(f.window_left >= -1 && f.window_right >= -1, "window_size must be -1 (unbounded) or >= 0 on each side, got (",
+                    num(f.window_left), ", ", num(f.window_right), ")");
+  TORCH_CHECK_VALUE(f.window_left < (int64_t(1) << 31) && f.window_right < (int64_t(1) << 31),
+                    "window_size must be below 2^31 on each side");
+  const int right = causal ? 0 : static_cast<int>(f.window_right);
+  const int left = static_cast<int>(f.window_left);
+  TORCH_CHECK_VALUE((left < 0 && right <= 0) || has(kFlashcoreWindow), "window_size (", num(left), ", ", num(right),
+                    ") is not supported by this variant: it takes no sliding window (only causal or none)");
+  TORCH_CHECK_VALUE(std::isfinite(f.softcap) && f.softcap >= 0.0, "softcap must be a finite number >= 0 (0: off), got ",
+                    std::to_string(f.softcap));
+  TORCH_CHECK_VALUE(f.softcap == 0.0 || has(kFlashcoreSoftcap), "softcap is not supported by this variant");
+  p.window_left = left;
+  p.window_right = right;
+  p.causal = right == 0;
+  p.softcap = static_cast<float>(f.softcap);
+  p.sinks = nullptr;
+  if (f.sinks.has_value()) {
+    const torch::Tensor& s = *f.sinks;
+    TORCH_CHECK_VALUE(has(kFlashcoreSinks), "sinks are not supported by this variant");
+    TORCH_CHECK_VALUE(s.is_cuda() && s.device() == q.device(), "sinks must be on q's device (", q.device().str(),
+                      "), got ", s.device().str());
+    TORCH_CHECK_VALUE(s.scalar_type() == torch::kFloat, "sinks must be float32, got ", s.scalar_type());
+    TORCH_CHECK_VALUE(s.dim() == 1 && s.size(0) == q.size(1) && s.is_contiguous(),
+                      "sinks must be a contiguous [H] tensor, one logit per query head (H = ", num(q.size(1)),
+                      "), got shape ", shape(s));
+    p.sinks = s.data_ptr<float>();
+  }
+}
+
 FlashcoreParams params(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                       const torch::Tensor& o, bool causal, c10::optional<double> scale, float* lse) {
+                       const torch::Tensor& o, bool causal, c10::optional<double> scale, float* lse,
+                       const Family& f) {
   FlashcoreParams p;
   p.q = q.data_ptr();
   p.k = k.data_ptr();
@@ -93,10 +133,10 @@ FlashcoreParams params(const torch::Tensor& q, const torch::Tensor& k, const tor
   p.heads_kv = static_cast<int>(k.size(1));
   p.seq_len_kv = static_cast<int>(k.size(2));
   p.scale = scale.has_value() ? static_cast<float>(*scale) : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
-  p.causal = causal;
   p.lse = lse;
   p.workspace = nullptr;
   p.o_residual = nullptr;
+  family(p, causal, f, q);
   return p;
 }
 
@@ -106,7 +146,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> run_forward(const torch:
                                                                     const torch::Tensor& v, bool causal,
                                                                     c10::optional<double> scale,
                                                                     const c10::optional<torch::Tensor>& out,
-                                                                    bool want_lse, bool want_residual) {
+                                                                    bool want_lse, bool want_residual,
+                                                                    const Family& f) {
   check_problem(q, k, v);
   if (out.has_value()) check_same(*out, "out", q, "q", q);
   TORCH_CHECK_VALUE(!want_lse || has(kFlashcoreLse), "the row log-sum-exp is not computed by this variant");
@@ -116,8 +157,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> run_forward(const torch:
   torch::Tensor lse, residual;
   if (want_lse) lse = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(torch::kFloat));
   if (want_residual) residual = torch::empty_like(q);
+  FlashcoreParams p = params(q, k, v, o, causal, scale, want_lse ? lse.data_ptr<float>() : nullptr, f);
   if (q.numel() == 0) return {o, lse, residual};
-  FlashcoreParams p = params(q, k, v, o, causal, scale, want_lse ? lse.data_ptr<float>() : nullptr);
   p.o_residual = want_residual ? residual.data_ptr() : nullptr;
   const size_t bytes = flashcore_forward_workspace(p);
   torch::Tensor workspace;
@@ -130,22 +171,37 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> run_forward(const torch:
   return {o, lse, residual};
 }
 
+Family make_family(std::tuple<int64_t, int64_t> window_size, double softcap, const c10::optional<torch::Tensor>& sinks) {
+  Family f;
+  f.window_left = std::get<0>(window_size);
+  f.window_right = std::get<1>(window_size);
+  f.softcap = softcap;
+  f.sinks = sinks;
+  return f;
+}
+
 torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,
-                      c10::optional<double> scale, c10::optional<torch::Tensor> out) {
-  return std::get<0>(run_forward(q, k, v, causal, scale, out, false, false));
+                      c10::optional<double> scale, c10::optional<torch::Tensor> out,
+                      std::tuple<int64_t, int64_t> window_size, double softcap, c10::optional<torch::Tensor> sinks) {
+  return std::get<0>(run_forward(q, k, v, causal, scale, out, false, false, make_family(window_size, softcap, sinks)));
 }
 
 std::tuple<torch::Tensor, torch::Tensor> forward_lse(const torch::Tensor& q, const torch::Tensor& k,
-                                                     const torch::Tensor& v, bool causal, c10::optional<double> scale) {
-  auto [o, lse, residual] = run_forward(q, k, v, causal, scale, c10::nullopt, true, false);
+                                                     const torch::Tensor& v, bool causal, c10::optional<double> scale,
+                                                     std::tuple<int64_t, int64_t> window_size, double softcap,
+                                                     c10::optional<torch::Tensor> sinks) {
+  auto [o, lse, residual] =
+      run_forward(q, k, v, causal, scale, c10::nullopt, true, false, make_family(window_size, softcap, sinks));
   return {o, lse};
 }
 
 // The forward a training step runs: o, lse, and O's rounding residual for the backward.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_train(const torch::Tensor& q, const torch::Tensor& k,
                                                                       const torch::Tensor& v, bool causal,
-                                                                      c10::optional<double> scale) {
-  return run_forward(q, k, v, causal, scale, c10::nullopt, true, true);
+                                                                      c10::optional<double> scale,
+                                                                      std::tuple<int64_t, int64_t> window_size,
+                                                                      double softcap, c10::optional<torch::Tensor> sinks) {
+  return run_forward(q, k, v, causal, scale, c10::nullopt, true, true, make_family(window_size, softcap, sinks));
 }
 
 // dq, dk, dv of one forward call, from dO and what the forward was given and gave (o, lse, and the residual of
@@ -158,7 +214,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> backward(const torch::Te
                                                                  const c10::optional<torch::Tensor>& out_residual,
                                                                  c10::optional<torch::Tensor> dq_out,
                                                                  c10::optional<torch::Tensor> dk_out,
-                                                                 c10::optional<torch::Tensor> dv_out) {
+                                                                 c10::optional<torch::Tensor> dv_out,
+                                                                 std::tuple<int64_t, int64_t> window_size,
+                                                                 double softcap, c10::optional<torch::Tensor> sinks,
+                                                                 c10::optional<torch::Tensor> dsinks_out) {
   TORCH_CHECK_VALUE(has(kFlashcoreBackward), "this variant is forward-only: it has no backward");
   check_problem(q, k, v);
   check_same(o, "out", q, "q", q);
@@ -176,23 +235,35 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> backward(const torch::Te
   if (dq_out.has_value()) check_same(*dq_out, "dq", q, "q", q);
   if (dk_out.has_value()) check_same(*dk_out, "dk", k, "k", q);
   if (dv_out.has_value()) check_same(*dv_out, "dv", v, "v", q);
+  const Family f = make_family(window_size, softcap, sinks);
+  FlashcoreParams fwd = params(q, k, v, o, causal, scale, const_cast<float*>(lse.data_ptr<float>()), f);
+  TORCH_CHECK_VALUE(!dsinks_out.has_value() || sinks.has_value(), "dsinks is given but sinks are not");
+  if (dsinks_out.has_value()) {
+    TORCH_CHECK_VALUE(dsinks_out->is_cuda() && dsinks_out->scalar_type() == torch::kFloat && dsinks_out->is_contiguous() &&
+                          dsinks_out->sizes() == sinks->sizes() && dsinks_out->device() == q.device(),
+                      "dsinks must be a contiguous float32 tensor shaped like sinks, on q's device");
+  }
   const c10::cuda::CUDAGuard guard(q.device());
   auto dq = dq_out.has_value() ? *dq_out : torch::empty_like(q);
   auto dk = dk_out.has_value() ? *dk_out : torch::empty_like(k);
   auto dv = dv_out.has_value() ? *dv_out : torch::empty_like(v);
+  // dL/dsinks: zeroed here, added to by the rung (flashcore.h); a caller that passes no dsinks gets none.
+  torch::Tensor dsinks;
+  if (sinks.has_value()) dsinks = dsinks_out.has_value() ? dsinks_out->zero_() : torch::zeros_like(*sinks);
   if (q.numel() == 0 || k.numel() == 0) {
     dk.zero_();
     dv.zero_();
     return {dq, dk, dv};
   }
   FlashcoreBackwardParams b;
-  b.fwd = params(q, k, v, o, causal, scale, const_cast<float*>(lse.data_ptr<float>()));
+  b.fwd = fwd;
   b.fwd.o_residual = out_residual.has_value() ? out_residual->data_ptr() : nullptr;
   b.d_o = d_o.data_ptr();
   b.dq = dq.data_ptr();
   b.dk = dk.data_ptr();
   b.dv = dv.data_ptr();
   b.d_lse = grad_lse.has_value() ? grad_lse->data_ptr<float>() : nullptr;
+  b.dsinks = sinks.has_value() ? dsinks.data_ptr<float>() : nullptr;
   const size_t bytes = flashcore_backward_workspace(b.fwd);
   torch::Tensor workspace;
   if (bytes > 0) workspace = torch::empty({static_cast<int64_t>(bytes)}, q.options().dtype(torch::kByte));
@@ -215,18 +286,23 @@ std::vector<std::tuple<std::string, int, int>> plan(int head_dim) {
 // The module's functions (not PYBIND11_MODULE: see flashcore_binding_init below).
 static void define_module(py::module_& m) {
   m.def("forward", &forward, "attention forward: o = softmax(q k^T * scale) v", py::arg("q"), py::arg("k"),
-        py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("out") = py::none());
+        py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none(), py::arg("out") = py::none(),
+        py::arg("window_size") = std::make_tuple(-1, -1), py::arg("softcap") = 0.0, py::arg("sinks") = py::none());
   m.def("forward_lse", &forward_lse, "attention forward that also returns the row log-sum-exp (fp32 [B, H, S])",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none());
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none(),
+        py::arg("window_size") = std::make_tuple(-1, -1), py::arg("softcap") = 0.0, py::arg("sinks") = py::none());
   m.def("forward_train", &forward_train,
         "the forward a training step runs: (out, lse, out_residual), the last O's rounding residual for the backward",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none());
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("scale") = py::none(),
+        py::arg("window_size") = std::make_tuple(-1, -1), py::arg("softcap") = 0.0, py::arg("sinks") = py::none());
   m.def("backward", &backward,
         "attention backward: (dq, dk, dv) from grad_out, q, k, v, out, lse [, out_residual] (into dq, dk, dv when given)",
         py::arg("grad_out"),
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("causal") = false,
         py::arg("scale") = py::none(), py::arg("grad_lse") = py::none(), py::arg("out_residual") = py::none(),
-        py::arg("dq") = py::none(), py::arg("dk") = py::none(), py::arg("dv") = py::none());
+        py::arg("dq") = py::none(), py::arg("dk") = py::none(), py::arg("dv") = py::none(),
+        py::arg("window_size") = std::make_tuple(-1, -1), py::arg("softcap") = 0.0, py::arg("sinks") = py::none(),
+        py::arg("dsinks") = py::none());
   m.def("dtypes", &flashcore_dtypes, "the element types the launcher takes: a mask of 1 << (0: fp16, 1: bf16)");
   m.def("max_seq_len", &flashcore_max_seq_len, "the most query rows the launcher takes (0: any)");
   m.def("features", &flashcore_features, "what else it supports: a mask of FlashcoreFeature (kernels/flashcore.h)");

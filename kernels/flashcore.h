@@ -38,6 +38,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <mutex>
@@ -56,6 +57,9 @@ enum FlashcoreFeature : int {
   kFlashcoreLse = 1 << 2,       // "lse": writes p.lse when it is not nullptr
   kFlashcoreBackward = 1 << 3,  // "backward": flashcore_backward (implies kFlashcoreLse: the backward reads the
                                 // forward's; and the forward writes p.o_residual where it is given)
+  kFlashcoreWindow = 1 << 4,    // "window": p.window_left / p.window_right other than (-1, -1) and (-1, 0)
+  kFlashcoreSoftcap = 1 << 5,   // "softcap": p.softcap > 0
+  kFlashcoreSinks = 1 << 6,     // "sinks": p.sinks, a per-head logit in each row's softmax denominator
 };
 
 struct FlashcoreParams {
@@ -79,6 +83,24 @@ struct FlashcoreParams {
   // residual (its fp32 O minus the O it stored) beside O, and its backward adds it back, so that D = rowsum(dO o O)
   // is taken from the fp32 O (a training forward; what autograd saves)
   void* o_residual;
+  // The attention family (FlashAttention's names). A rung sees values other than the defaults below only where it
+  // declares the feature; the binding refuses them for a rung that does not. Each applies to the forward and, for a
+  // rung with kFlashcoreBackward, to its backward alike (the backward gets the forward's params in fwd).
+  //   Window: query row i sees key j iff  (window_left < 0 or j >= i + S_kv - S - window_left)  and
+  //                                       (window_right < 0 or j <= i + S_kv - S + window_right),
+  //   bottom-right aligned as causal is. The binding sets causal = (window_right == 0): causal is the window
+  //   (-1, 0), so a rung without kFlashcoreWindow sees (-1, -1) or (-1, 0) only, with causal saying which.
+  //   A row that sees no key (a window past either end) gets O = 0 and LSE = +inf (or its sink, below).
+  int window_left;   // -1: unbounded
+  int window_right;  // -1: unbounded; 0 under causal
+  //   Softcap: with softcap = c > 0 the score s = scale * q.k becomes c * tanh(s / c) before the softmax (and the
+  //   sink, the LSE and the backward all read the capped score). 0: off.
+  float softcap;
+  //   Sinks: [H] fp32, or nullptr: one logit per query head (on the scale of the capped scores) that joins every
+  //   row's softmax denominator and carries no value: with m the row max and l = sum_j exp(s_j - m),
+  //   LSE = log(exp(m) * l + exp(sink)) and O = sum_j exp(s_j - LSE) v_j. The LSE the forward writes includes it,
+  //   so a backward that reads that LSE needs nothing more; dL/dsinks is the binding's (binding.cpp).
+  const float* sinks;
 };
 
 // The backward of one forward call: fwd holds what the forward was given and gave (o, lse).
@@ -90,6 +112,9 @@ struct FlashcoreBackwardParams {
   void* dk;             // [B, H_kv, S_kv, D]: summed over the H / H_kv query heads that read each K/V head
   void* dv;             // [B, H_kv, S_kv, D]
   const float* d_lse;   // [B, H, S] fp32: dL/dLSE where the forward's LSE was used too, else nullptr (zero)
+  // [H] fp32, zeroed by the binding, where fwd.sinks is given (else nullptr): the rung adds dL/dsink_h into it,
+  //   sum over b and i of exp(sink_h - LSE_bhi) * (dLSE_bhi - D_bhi), D_bhi = sum_d dO_bhid * O_bhid (the fp32 O)
+  float* dsinks;
   void* workspace;      // flashcore_backward_workspace(fwd) bytes, 256-byte aligned, contents undefined
 };
 
@@ -256,6 +281,45 @@ __host__ __device__ inline size_t kv_head_offset(const FlashcoreParams& p, int b
 
 // Bottom-right causal alignment: query row i sees keys j <= i + causal_offset(p).
 __host__ __device__ inline int causal_offset(const FlashcoreParams& p) { return p.seq_len_kv - p.seq_len; }
+
+// The keys query rows [row_begin, row_end) see between them, as [begin, end) clipped to [0, S_kv); begin >= end
+// when they see none. With one row, exactly that row's keys (the window above); a tile of rows gets the union,
+// and the keys every row of it sees need no mask (fully_visible_keys).
+struct Range {
+  int begin, end;
+};
+__host__ __device__ inline Range visible_keys(const FlashcoreParams& p, int row_begin, int row_end) {
+  const int first = row_begin + causal_offset(p), last = row_end - 1 + causal_offset(p);
+  const int begin = p.window_left < 0 ? 0 : (first - p.window_left > 0 ? first - p.window_left : 0);
+  const int end = p.window_right < 0 ? p.seq_len_kv
+                                     : (last + p.window_right + 1 < p.seq_len_kv ? last + p.window_right + 1 : p.seq_len_kv);
+  return {begin, end};
+}
+// The keys that every row of [row_begin, row_end) sees (no mask needed there); begin >= end when there are none.
+__host__ __device__ inline Range fully_visible_keys(const FlashcoreParams& p, int row_begin, int row_end) {
+  // The last row's lower bound and the first row's upper bound (both grow with the row).
+  return {visible_keys(p, row_end - 1, row_end).begin, visible_keys(p, row_begin, row_begin + 1).end};
+}
+// The query rows that see at least one key of [key_begin, key_end), as [begin, end) clipped to [0, S): a backward
+// that walks key tiles visits only these.
+__host__ __device__ inline Range visible_rows(const FlashcoreParams& p, int key_begin, int key_end) {
+  const int off = causal_offset(p);
+  const int lo = p.window_right < 0 ? 0 : key_begin - off - p.window_right;
+  const int hi = p.window_left < 0 ? p.seq_len : key_end - 1 - off + p.window_left + 1;
+  return {lo > 0 ? lo : 0, hi < p.seq_len ? hi : p.seq_len};
+}
+// Whether key j is visible to row i (the per-element mask of a tile the window cuts).
+__host__ __device__ __forceinline__ bool key_visible(const FlashcoreParams& p, int row, int key) {
+  const int diag = row + causal_offset(p);
+  return (p.window_left < 0 || key >= diag - p.window_left) && (p.window_right < 0 || key <= diag + p.window_right) &&
+         key >= 0 && key < p.seq_len_kv;
+}
+// A head's sink logit, or -inf where the call has none (exp(-inf - m) = 0 adds nothing).
+__host__ __device__ __forceinline__ float sink_logit(const FlashcoreParams& p, int head) {
+  return p.sinks != nullptr ? p.sinks[head] : -INFINITY;
+}
+// Whether the call masks by position at all (causal or a window).
+__host__ __device__ inline bool masked(const FlashcoreParams& p) { return p.window_left >= 0 || p.window_right >= 0; }
 
 }  // namespace fc
 

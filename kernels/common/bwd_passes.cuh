@@ -54,7 +54,7 @@ inline Workspace carve(const FlashcoreBackwardParams& b) {
 }
 
 // ---- prep: D = rowsum(dO o O) - dLSE (O + its residual where the forward wrote one), LSE log2 e (padding rows:
-// D = 0, LSE = +inf), dQ accumulator = 0, tile counter = 0 ----
+// D = 0, LSE = +inf), dQ accumulator = 0, tile counter = 0, and dL/dsinks where the call has sinks ----
 // One thread per 8 elements of a row; the kChunks threads of a row are consecutive lanes.
 template <int kHeadDim, class T>
 __global__ void __launch_bounds__(256) bwd_prep(FlashcoreBackwardParams b, Workspace w) {
@@ -90,11 +90,30 @@ __global__ void __launch_bounds__(256) bwd_prep(FlashcoreBackwardParams b, Works
     acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
   dot = fc::group_sum<kChunks>(dot);
+  float d_sink = 0.f;  // this row's share of dL/dsink_h: -exp(sink_h - LSE) * (D - dLSE)
   if (head && chunk == 0) {
     const size_t at = static_cast<size_t>(bh) * w.padded_rows + row;
     const size_t src = static_cast<size_t>(bh) * p.seq_len + row;
-    w.dsum[at] = row < p.seq_len ? dot - (b.d_lse != nullptr ? b.d_lse[src] : 0.f) : 0.f;
+    const float dsum = row < p.seq_len ? dot - (b.d_lse != nullptr ? b.d_lse[src] : 0.f) : 0.f;
+    w.dsum[at] = dsum;
     w.lse2[at] = row < p.seq_len ? p.lse[src] * kBwdLog2e : INFINITY;
+    if (b.dsinks != nullptr && row < p.seq_len) {
+      d_sink = -__expf(p.sinks[bh % p.heads] - p.lse[src]) * dsum;
+    }
+  }
+  if (b.dsinks != nullptr) {
+    // A block's 256 / kChunks rows lie in one (b, h) (S_pad is a multiple of 128): one atomic per block.
+    static_assert(kPadRows % (256 / kChunks) == 0, "a block's rows must not cross a head");
+    __shared__ float warp_sums[8];
+    d_sink = fc::group_sum<32>(d_sink);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = d_sink;
+    __syncthreads();
+    if (threadIdx.x == 0 && head) {
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum += warp_sums[i];
+      atomicAdd(b.dsinks + bh % p.heads, sum);
+    }
   }
 }
 
