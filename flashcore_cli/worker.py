@@ -122,24 +122,28 @@ def task_launch(request: WorkRequest, events: Events) -> None:
     both passes."""
     import torch
 
-    from flashcore_cli.check.case import grad_output, make_inputs
+    from flashcore_cli.check.case import grad_output, make_inputs, make_sinks
 
     attn = _build(request, events)
     if attn is None:
         return
     case = Case.from_dict(request.case)
     q, k, v = make_inputs(case)
+    sinks = make_sinks(case)
+    kwargs = {"causal": case.causal, **case.family.kwargs(case.causal), "sinks": sinks}
     backward = attn.variant.supports("backward")
     out = torch.full_like(q, float("nan"))
     events.emit(Event.CASE_START, case=case.as_dict())
     try:
         for _ in range(request.calls):
             if backward:
-                out, lse, residual = attn.forward_train(q, k, v, causal=case.causal)
+                out, lse, residual = attn.forward_train(q, k, v, **kwargs)
                 grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-                attn.backward(grad_output(case), q, k, v, out, lse, causal=case.causal, out_residual=residual, into=grads)
+                dsinks = torch.full_like(sinks, float("nan")) if sinks is not None else None
+                attn.backward(grad_output(case), q, k, v, out, lse, **kwargs, out_residual=residual, into=grads,
+                              dsinks=dsinks)  # fmt: skip
             else:
-                attn(q, k, v, causal=case.causal, out=out)
+                attn(q, k, v, **kwargs, out=out)
         torch.cuda.synchronize()
     except Exception as exc:
         _crash(events, exc, case.label())

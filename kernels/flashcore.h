@@ -91,16 +91,16 @@ struct FlashcoreParams {
   //   bottom-right aligned as causal is. The binding sets causal = (window_right == 0): causal is the window
   //   (-1, 0), so a rung without kFlashcoreWindow sees (-1, -1) or (-1, 0) only, with causal saying which.
   //   A row that sees no key (a window past either end) gets O = 0 and LSE = +inf (or its sink, below).
-  int window_left;   // -1: unbounded
-  int window_right;  // -1: unbounded; 0 under causal
+  int window_left = -1;   // -1: unbounded (the default members make FlashcoreParams{} unwindowed, uncapped, sinkless)
+  int window_right = -1;  // -1: unbounded; 0 under causal
   //   Softcap: with softcap = c > 0 the score s = scale * q.k becomes c * tanh(s / c) before the softmax (and the
   //   sink, the LSE and the backward all read the capped score). 0: off.
-  float softcap;
+  float softcap = 0.f;
   //   Sinks: [H] fp32, or nullptr: one logit per query head (on the scale of the capped scores) that joins every
   //   row's softmax denominator and carries no value: with m the row max and l = sum_j exp(s_j - m),
   //   LSE = log(exp(m) * l + exp(sink)) and O = sum_j exp(s_j - LSE) v_j. The LSE the forward writes includes it,
   //   so a backward that reads that LSE needs nothing more; dL/dsinks is the binding's (binding.cpp).
-  const float* sinks;
+  const float* sinks = nullptr;
 };
 
 // The backward of one forward call: fwd holds what the forward was given and gave (o, lse).
@@ -114,7 +114,7 @@ struct FlashcoreBackwardParams {
   const float* d_lse;   // [B, H, S] fp32: dL/dLSE where the forward's LSE was used too, else nullptr (zero)
   // [H] fp32, zeroed by the binding, where fwd.sinks is given (else nullptr): the rung adds dL/dsink_h into it,
   //   sum over b and i of exp(sink_h - LSE_bhi) * (dLSE_bhi - D_bhi), D_bhi = sum_d dO_bhid * O_bhid (the fp32 O)
-  float* dsinks;
+  float* dsinks = nullptr;
   void* workspace;      // flashcore_backward_workspace(fwd) bytes, 256-byte aligned, contents undefined
 };
 
@@ -289,11 +289,12 @@ struct Range {
   int begin, end;
 };
 __host__ __device__ inline Range visible_keys(const FlashcoreParams& p, int row_begin, int row_end) {
-  const int first = row_begin + causal_offset(p), last = row_end - 1 + causal_offset(p);
-  const int begin = p.window_left < 0 ? 0 : (first - p.window_left > 0 ? first - p.window_left : 0);
-  const int end = p.window_right < 0 ? p.seq_len_kv
-                                     : (last + p.window_right + 1 < p.seq_len_kv ? last + p.window_right + 1 : p.seq_len_kv);
-  return {begin, end};
+  // in 64 bits: a window of up to 2^31 - 1 beside a negative diagonal (S > S_kv) must not wrap
+  const long long first = static_cast<long long>(row_begin) + causal_offset(p);
+  const long long last = static_cast<long long>(row_end) - 1 + causal_offset(p);
+  const long long begin = p.window_left < 0 ? 0 : first - p.window_left;
+  const long long end = p.window_right < 0 ? p.seq_len_kv : last + p.window_right + 1;
+  return {static_cast<int>(begin > 0 ? begin : 0), static_cast<int>(end < p.seq_len_kv ? end : p.seq_len_kv)};
 }
 // The keys that every row of [row_begin, row_end) sees (no mask needed there); begin >= end when there are none.
 __host__ __device__ inline Range fully_visible_keys(const FlashcoreParams& p, int row_begin, int row_end) {
@@ -303,14 +304,14 @@ __host__ __device__ inline Range fully_visible_keys(const FlashcoreParams& p, in
 // The query rows that see at least one key of [key_begin, key_end), as [begin, end) clipped to [0, S): a backward
 // that walks key tiles visits only these.
 __host__ __device__ inline Range visible_rows(const FlashcoreParams& p, int key_begin, int key_end) {
-  const int off = causal_offset(p);
-  const int lo = p.window_right < 0 ? 0 : key_begin - off - p.window_right;
-  const int hi = p.window_left < 0 ? p.seq_len : key_end - 1 - off + p.window_left + 1;
-  return {lo > 0 ? lo : 0, hi < p.seq_len ? hi : p.seq_len};
+  const long long off = causal_offset(p);
+  const long long lo = p.window_right < 0 ? 0 : key_begin - off - p.window_right;
+  const long long hi = p.window_left < 0 ? p.seq_len : key_end - 1 - off + p.window_left + 1;
+  return {static_cast<int>(lo > 0 ? lo : 0), static_cast<int>(hi < p.seq_len ? hi : p.seq_len)};
 }
 // Whether key j is visible to row i (the per-element mask of a tile the window cuts).
 __host__ __device__ __forceinline__ bool key_visible(const FlashcoreParams& p, int row, int key) {
-  const int diag = row + causal_offset(p);
+  const long long diag = static_cast<long long>(row) + causal_offset(p);
   return (p.window_left < 0 || key >= diag - p.window_left) && (p.window_right < 0 || key <= diag + p.window_right) &&
          key >= 0 && key < p.seq_len_kv;
 }

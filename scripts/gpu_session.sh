@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the lent GPU: install, then the steps named on the command line.
-#   bash scripts/gpu_session.sh smoke|ladder|house|wheel|shapes|check|stress|sanitizers|instruments|grads|bwdbench|v12bwd|v12pair|gputests|loop ...
+#   bash scripts/gpu_session.sh smoke|ladder|house|wheel|shapes|check|stress|sanitizers|instruments|grads|bwdbench|v12bwd|v12pair|gputests|loop|family|familybench|familycheck ...
 # VARIANTS="v9 v11" picks the variants of check, stress and sanitizers (default: v9 v10 v11).
 # Each step's output is printed and logged; logs and JSON records come back packed in $OUT/logs.tgz
 # (the device returns only a few files). REGISTRY=path picks another registry.
@@ -149,6 +149,63 @@ wheel() {  # the wheel as a user installs it: built, installed beside this machi
     step own-bench "$w/site/bin/flashcore" bench mine --shape 1,8,512,64 --json "$LOGS/own-bench.json"
     cp variants.yaml "$LOGS/own-variants.yaml"
   )
+}
+
+family() {  # issue 47: the family's variants checked (the default set and the family's odd cases), their GPU tests
+  step test-family flashcore --registry "$REG" test ${VARIANTS:-v11 v12 decode} --json "$LOGS/test-family.json"
+  step pytest-family python3 -m pytest -q -m gpu -n 0 tests/test_family_gpu.py
+}
+
+lanes() {  # lanes SPEC...: each spec "NAME|ARGS" a `flashcore bench` run, spread round-robin over the GPUs (one run
+  # per GPU at a time, CUDA_VISIBLE_DEVICES), each run's rows from one GPU
+  local n i=0 spec
+  n=$(nvidia-smi -L | wc -l)
+  local -a queue=("$@")
+  for ((g = 0; g < n; g++)); do
+    (
+      export CUDA_VISIBLE_DEVICES=$g
+      for ((j = g; j < ${#queue[@]}; j += n)); do
+        spec=${queue[$j]}
+        step "bench-${spec%%|*}" flashcore --registry "$REG" bench ${spec#*|} --reps 100 \
+          --json "$LOGS/bench-${spec%%|*}.json" >"$LOGS/lane-$g-$j.out" 2>&1
+      done
+    ) &
+  done
+  wait
+  cat "$LOGS"/lane-*.out
+}
+
+familybench() {  # issue 47's rows: v12 and v11 with windows 128/1024/4096, softcap 50, sinks, and plain causal (each
+  # family row also times the variant without it: its "(plain)" row), forward and backward, beside FlexAttention
+  local specs=() shape pass fam
+  for shape in ${FAMILY_SHAPES:-1,16,16384,128 2,16,8192,64}; do
+    for pass in ${PASSES:-fwd bwd}; do
+      for fam in "causal|" "w128|--window 128,0" "w1024|--window 1024,0" "w4096|--window 4096,0" "softcap50|--softcap 50" \
+                 "sinks|--sinks"; do
+        specs+=("$shape-$pass-${fam%%|*}|${VARIANTS:-v12 v11} --shape $shape --causal --pass $pass ${fam#*|}")
+      done
+    done
+  done
+  # decode: a window of 4096 over a 131072-key cache (its plain row: the whole cache) beside a cache of the window's
+  # 4097 keys, the same bytes
+  specs+=("decode-w4096|decode --shape 1,32:8,1:131072,128 --causal --window 4096,0"
+          "decode-4097|decode --shape 1,32:8,1:4097,128 --causal")
+  lanes "${specs[@]}"
+}
+
+familycheck() {  # stress with random windows, softcaps and sinks; sanitizers at odd shapes under the family
+  step stress-family python3 scripts/stress.py ${VARIANTS:-v11 v12 decode} --launches ${LAUNCHES:-2000} --timeout 900
+  export FLASHCORE_RESULTS=$LOGS/results
+  for v in ${VARIANTS:-v11 v12}; do
+    for tool in memcheck racecheck synccheck; do
+      step "sanitize-$v-$tool" flashcore --registry "$REG" sanitize "$v" --tool "$tool" --shape 2,4:2,97:130,64 --causal \
+        --window 17,0 --softcap 30 --sinks
+    done
+  done
+  for tool in memcheck racecheck synccheck; do
+    step "sanitize-decode-$tool" flashcore --registry "$REG" sanitize decode --tool "$tool" --shape 2,8:2,3:1000,128 \
+      --causal --window 100,0 --sinks
+  done
 }
 
 gputests() {  # the gpu-marked pytest suite

@@ -31,7 +31,7 @@ def gradients(attn, case, backends) -> tuple[dict, list]:
     q, k, v = make_inputs(case)
     d_o = grad_output(case)
     causal, scale, first = case.causal, 1 / math.sqrt(case.shape.head_dim), first_seen_row(case)
-    _, *ref = reference_grads(q, k, v, causal, scale, d_o)
+    _, *ref, _ = reference_grads(q, k, v, causal, scale, d_o)
     o64 = reference(q, k, v, causal, scale, dtype=torch.float64)
 
     def sdpa_grads(context):

@@ -52,7 +52,7 @@ def one(attn, case):
     q, k, v = make_inputs(case)
     d_o = grad_output(case)
     causal, scale, first = case.causal, 1 / math.sqrt(case.shape.head_dim), first_seen_row(case)
-    _, *ref = reference_grads(q, k, v, causal, scale, d_o)
+    _, *ref, _ = reference_grads(q, k, v, causal, scale, d_o)
     out, lse, res = attn.forward_train(q, k, v, causal=causal, scale=scale)
     got = attn.backward(d_o, q, k, v, out, lse, causal=causal, scale=scale, out_residual=res)
     emu = emulate(q, k, v, d_o, causal, scale, q.dtype)

@@ -1,6 +1,6 @@
 """Stress a variant: launch it N times over random shapes (S = 1 and lengths that are no multiple of any
-tile included, causal and not, every head dim it declares, grouped-query heads and other key lengths where it
-takes them) in one isolated worker under a timeout, every launch checked against the fp32 reference (and its
+tile included, causal and not, every head dim it declares, grouped-query heads and other key lengths, sliding
+windows, softcaps and sinks where it takes them) in one isolated worker under a timeout, every launch checked against the fp32 reference (and its
 gradients, for a variant with a backward).
 
     python3 scripts/stress.py v9 v10 --launches 2000 --timeout 600
@@ -21,13 +21,15 @@ from flashcore_cli.registry.archs import parse_archs
 from flashcore_cli.check.correctness import new_seed, run_variant
 from flashcore_cli.core.errors import EXIT_INTERRUPTED, FlashcoreError
 from flashcore_cli.registry.variants import load_registry
+from flashcore_cli.registry.family import Family
 from flashcore_cli.registry.shapes import Case, Shape
 
 
 def random_cases(variant, launches: int, seed: int) -> list[Case]:
     """Random shapes the variant takes: Sq = 1 regularly and lengths that are no multiple of any tile; with
     `gqa`, query heads 1-8 times the key/value heads; with `seqlen_kv`, an independent key length (a decode
-    rung's `max_seq_len` bounds the queries); with `backward`, the gradients checked too."""
+    rung's `max_seq_len` bounds the queries); with `window`, `softcap`, `sinks`, each drawn in some launches (windows
+    of every width, one-sided and two-sided, some leaving rows empty); with `backward`, the gradients checked too."""
     rng = random.Random(seed)
     cases = []
     for i in range(launches):
@@ -41,8 +43,20 @@ def random_cases(variant, launches: int, seed: int) -> list[Case]:
         heads = heads_kv * (rng.randint(1, 8) if variant.supports("gqa") else 1)
         s_kv = rng.choice([s, rng.randint(1, 1100), rng.randint(1, 4100)]) if variant.supports("seqlen_kv") else s
         shape = Shape(rng.randint(1, 3), heads, s, rng.choice(variant.head_dims), heads_kv, s_kv)
-        cases.append(Case(shape, rng.random() < 0.5, seed + i, grads=variant.supports("backward")))
+        cases.append(Case(shape, rng.random() < 0.5, seed + i, grads=variant.supports("backward"),
+                          family=random_family(variant, rng, s_kv)))  # fmt: skip
     return cases
+
+
+def random_family(variant, rng: random.Random, s_kv: int) -> Family:
+    """A window, softcap and sinks each drawn in about a third of the launches, where the variant takes them."""
+    left = right = -1
+    if variant.supports("window") and rng.random() < 0.4:
+        left = rng.choice([-1, 0, rng.randint(1, 64), rng.randint(1, s_kv + 16)])
+        right = rng.choice([-1, 0, 0, rng.randint(1, 32)])
+    softcap = round(rng.uniform(5.0, 60.0), 2) if variant.supports("softcap") and rng.random() < 0.3 else 0.0
+    sinks = variant.supports("sinks") and rng.random() < 0.3
+    return Family(left, right, softcap, sinks)
 
 
 def stress(args) -> int:

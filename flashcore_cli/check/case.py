@@ -1,17 +1,24 @@
 """Correctness of one variant on one case, in the process that owns the GPU (see isolate.py).
 
 Reference: attention in fp32 on the same fp16 (or bf16) inputs, the K/V heads repeated for grouped-query cases,
-the causal mask bottom-right (query i sees keys j <= i + Sk - Sq), a row that sees no key giving 0. A variant
-passes when
-    max |out - ref| <= max(ATOL, 2 x max |sdpa - ref|)
-where sdpa is PyTorch's own scaled_dot_product_attention in the case's dtype on the same inputs
-(flash-attention's rule: be no worse than twice the error of a production kernel). ATOL is one ulp at 1.0
-in that dtype (fp16 2^-10, bf16 2^-7), so a case where SDPA happens to be exact (S = 1: the output is V)
-still allows the output's own rounding.
+the causal mask bottom-right (query i sees keys j <= i + Sk - Sq), a row that sees no key giving 0; the family
+(registry/family.py) as flashcore.h states it: a sliding window's mask, the softcap's c * tanh(s / c), the sinks as
+one more column of each row's softmax that carries no value.
 
-Gradients (a case with `grads`, for variants with a backward): dQ, dK and dV each under the same rule against
-the fp32 reference's gradients for one random dO, SDPA's own backward in the case's dtype setting the
-tolerance. The gradient outputs are poisoned with NaN before the backward writes them.
+The output passes when
+    max |out - ref| <= max(ATOL, 2 x max |peer - ref|)
+where the peer is PyTorch's own scaled_dot_product_attention in the case's dtype on the same inputs (with the
+window as a boolean mask; the rows that see no key, where SDPA gives NaN, left out of its error), or, where SDPA
+cannot express the case (softcap, sinks), the same naive attention as the reference kept in the case's dtype
+(FlashAttention's `attention_ref(upcast=False)`). ATOL is one ulp at 1.0 in that dtype (fp16 2^-10, bf16 2^-7),
+so a case where the peer happens to be exact (S = 1: the output is V) still allows the output's own rounding.
+
+Gradients (a case with `grads`, for variants with a backward): dQ, dK, dV (and dsinks) for one random dO under
+FlashAttention-3's own test rule (hopper/test_flash_attn.py; the owner's decision, DESIGN.md):
+    max |g - g_ref| <= 2 x max |g_pt - g_ref| + 2 x max |(g_ref + 0.3 - 0.3) - g_ref|
+with g_ref the fp32 reference's, g_pt the naive attention's kept in the case's dtype, and the last term (one
+rounding at the gradient's own magnitude) computed in that dtype; with a softcap 3 x and 3e-4 more, as FA3's tests.
+The gradient outputs are poisoned with NaN before the backward writes them.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from dataclasses import dataclass, field
 
 from flashcore_cli.core.dtypes import TORCH_NAMES
 from flashcore_cli.core.statuses import MISMATCH, OK
+from flashcore_cli.registry.family import DENSE, Family
 from flashcore_cli.registry.shapes import Case
 
 ATOL = 2.0**-10
@@ -79,77 +87,140 @@ def grad_output(case: Case, device="cuda"):
 
 def causal_mask(seq_len: int, seq_len_kv: int, device):
     """True where query i may see key j: j <= i + Sk - Sq (bottom-right)."""
+    return window_mask(seq_len, seq_len_kv, (-1, 0), device)
+
+
+def window_mask(seq_len: int, seq_len_kv: int, window: tuple[int, int], device):
+    """True where query i may see key j under window (left, right): i + Sk - Sq - left <= j <= i + Sk - Sq + right,
+    -1 unbounded (flashcore.h); (-1, 0) is causal."""
     import torch
 
+    left, right = window
     i = torch.arange(seq_len, device=device)[:, None]
     j = torch.arange(seq_len_kv, device=device)[None, :]
-    return j <= i + (seq_len_kv - seq_len)
+    diag = i + (seq_len_kv - seq_len)
+    mask = torch.ones(seq_len, seq_len_kv, dtype=torch.bool, device=device)
+    if left >= 0:
+        mask &= j >= diag - left
+    if right >= 0:
+        mask &= j <= diag + right
+    return mask
 
 
-def reference(q, k, v, causal: bool, scale: float, dtype=None):
-    """Attention in fp32 (or `dtype`, e.g. torch.float64; differentiable), one batch and K/V head at a time to
-    bound the Sq x Sk scores' memory (without a graph to keep, each block's scores are freed before the next). K/V
-    heads are repeated for grouped-query inputs; a row that sees no key gives 0. Gradients: reference_grads, block
-    by block too."""
+def case_mask(case: Case, device):
+    """The case's mask (None: every key visible)."""
+    window = case.family.window(case.causal)
+    return None if window == (-1, -1) else window_mask(case.shape.seq_len, case.shape.seq_len_kv, window, device)
+
+
+def make_sinks(case: Case, device="cuda"):
+    """The case's sinks, fp32 [Hq] (None without): from a seed of its own, of every size against a row's max — about
+    N(0, 4), and every third head +15 (the sink dominates its rows), every third -15 (it barely shows)."""
+    import torch
+
+    if not case.family.sinks:
+        return None
+    gen = torch.Generator(device=device).manual_seed(case.seed + 104729)
+    sinks = torch.randn(case.shape.heads, generator=gen, device=device, dtype=torch.float32) * 4.0
+    offsets = torch.tensor([0.0, 15.0, -15.0], device=device).repeat(case.shape.heads // 3 + 1)[: case.shape.heads]
+    return (sinks + offsets).contiguous()
+
+
+def reference(q, k, v, causal: bool, scale: float, dtype=None, *, family: Family = DENSE, sinks=None):
+    """Attention in fp32 (or `dtype`, e.g. torch.float64, or the inputs' own for the naive peer; differentiable),
+    one batch and K/V head at a time to bound the Sq x Sk scores' memory (without a graph to keep, each block's
+    scores are freed before the next). K/V heads are repeated for grouped-query inputs; a row that sees no key
+    gives 0. Gradients: reference_grads, block by block too."""
     import torch
 
     group = q.shape[1] // k.shape[1]
+    mask = _mask(q, k, causal, family)
     return torch.stack([
-        torch.cat([_reference_block(q[b, h * group:(h + 1) * group], k[b, h:h + 1], v[b, h:h + 1], causal, scale,
-                                    dtype) for h in range(k.shape[1])])
+        torch.cat([_reference_block(q[b, h * group:(h + 1) * group], k[b, h:h + 1], v[b, h:h + 1], mask, scale,
+                                    dtype, family.softcap, None if sinks is None else sinks[h * group:(h + 1) * group])
+                   for h in range(k.shape[1])])
         for b in range(q.shape[0])
     ])  # fmt: skip
 
 
-def _reference_block(q, k, v, causal: bool, scale: float, dtype=None):
-    """reference() of one batch: q [Hq, Sq, D], k and v [Hkv, Sk, D] (Hq a multiple of Hkv), in fp32 or `dtype`."""
+def _mask(q, k, causal: bool, family: Family):
+    window = family.window(causal)
+    return None if window == (-1, -1) else window_mask(q.shape[2], k.shape[2], window, q.device)
+
+
+def _reference_block(q, k, v, mask, scale: float, dtype=None, softcap: float = 0.0, sinks=None):
+    """reference() of one batch: q [Hq, Sq, D], k and v [Hkv, Sk, D] (Hq a multiple of Hkv), in fp32 or `dtype`;
+    mask [Sq, Sk] (True: visible) or None; sinks [Hq] or None."""
     import torch
 
     dtype = dtype or torch.float32
     group = q.shape[0] // k.shape[0]
     scores = torch.matmul(q.to(dtype), k.to(dtype).repeat_interleave(group, dim=0).transpose(-1, -2)) * scale
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
     seen = None
-    if causal:
-        mask = causal_mask(q.shape[1], k.shape[1], q.device)
+    if mask is not None:
         seen = mask.any(-1, keepdim=True)  # rows with at least one visible key
         # masked scores -inf; a row with none visible keeps finite scores (no NaN, even in its gradient)
         scores = scores.masked_fill(~mask & seen, float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), v.to(dtype).repeat_interleave(group, dim=0))
+    values = v.to(dtype).repeat_interleave(group, dim=0)
+    if sinks is not None:  # one more column per row, the head's sink, that carries no value
+        column = sinks.to(dtype)[:, None, None].expand(scores.shape[0], scores.shape[1], 1)
+        if seen is not None:  # a row that sees no key: its sink alone (O = 0)
+            scores = scores.masked_fill(~seen, float("-inf"))
+        probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+        return torch.matmul(probs, values)
+    out = torch.matmul(torch.softmax(scores, dim=-1), values)
     return out * seen if seen is not None else out
 
 
-def reference_grads(q, k, v, causal: bool, scale: float, d_o):
-    """(out, dq, dk, dv) of reference() for the upstream gradient d_o, in fp32, one (batch, K/V head) at a time:
-    the autograd graph of one block (its Hq / Hkv query heads' scores, softmax and their gradients) is freed
-    before the next, so a long sequence needs the memory of one head group, not of every head at once (the
-    whole graph of 1,16,16384,64 is over 60 GB)."""
+def reference_grads(q, k, v, causal: bool, scale: float, d_o, *, family: Family = DENSE, sinks=None, dtype=None):
+    """(out, dq, dk, dv, dsinks) of reference() for the upstream gradient d_o, in fp32 (or `dtype`: the naive
+    peer), one (batch, K/V head) at a time: the autograd graph of one block (its Hq / Hkv query heads' scores,
+    softmax and their gradients) is freed before the next, so a long sequence needs the memory of one head group,
+    not of every head at once (the whole graph of 1,16,16384,64 is over 60 GB). dsinks is None without sinks."""
     import torch
 
-    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    dq, dk, dv = (torch.empty(t.shape, dtype=torch.float32, device=q.device) for t in (q, k, v))
+    dtype = dtype or torch.float32
+    out = torch.empty(q.shape, dtype=dtype, device=q.device)
+    dq, dk, dv = (torch.empty(t.shape, dtype=dtype, device=q.device) for t in (q, k, v))
+    dsinks = torch.zeros(q.shape[1], dtype=torch.float32, device=q.device) if sinks is not None else None
     group = q.shape[1] // k.shape[1]
+    mask = _mask(q, k, causal, family)
     for b in range(q.shape[0]):
         for h in range(k.shape[1]):
             heads = slice(h * group, (h + 1) * group)
-            leaves = [t.float().requires_grad_() for t in (q[b, heads], k[b, h : h + 1], v[b, h : h + 1])]
-            block = _reference_block(*leaves, causal, scale)
-            grads = torch.autograd.grad(block, leaves, d_o[b, heads].float())
+            leaves = [t.to(dtype).requires_grad_() for t in (q[b, heads], k[b, h : h + 1], v[b, h : h + 1])]
+            if sinks is not None:
+                leaves.append(sinks[heads].float().requires_grad_())
+            block = _reference_block(*leaves[:3], mask, scale, dtype, family.softcap, leaves[3] if sinks is not None else None)
+            grads = torch.autograd.grad(block, leaves, d_o[b, heads].to(dtype))
             out[b, heads] = block.detach()
-            dq[b, heads], dk[b, h : h + 1], dv[b, h : h + 1] = grads
-    return out, dq, dk, dv
+            dq[b, heads], dk[b, h : h + 1], dv[b, h : h + 1] = grads[:3]
+            if sinks is not None:
+                dsinks[heads] += grads[3].float()
+    return out, dq, dk, dv, dsinks
 
 
-def sdpa(q, k, v, causal: bool, scale: float):
-    """PyTorch's own attention in the inputs' dtype, with the same masking convention as the reference."""
+def sdpa(q, k, v, causal: bool, scale: float, mask=None):
+    """PyTorch's own attention in the inputs' dtype, with the same masking convention as the reference (a window
+    as the boolean `mask`)."""
     import torch.nn.functional as F
 
     gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
     if causal and q.shape[2] != k.shape[2]:
         from torch.nn.attention.bias import causal_lower_right
 
         return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]),
                                               scale=scale, **gqa)  # fmt: skip
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, **gqa)
+
+
+def sdpa_expresses(case: Case) -> bool:
+    """Whether SDPA can run the case: dense, causal or a window (a boolean mask); not a softcap or sinks."""
+    return case.family.softcap == 0 and not case.family.sinks
 
 
 def first_seen_row(case: Case) -> int:
@@ -159,9 +230,11 @@ def first_seen_row(case: Case) -> int:
     return max(0, case.shape.seq_len - case.shape.seq_len_kv) if case.causal else 0
 
 
-def _error(got, ref) -> float:
-    """max |got - ref| in fp32 (NaN if got has one)."""
-    diff = (got.float() - ref).abs()
+def _error(got, ref, rows=None) -> float:
+    """max |got - ref| in fp32 (NaN if got has one), over the query rows `rows` ([Sq] bool) when given."""
+    diff = (got.float() - ref.float()).abs()
+    if rows is not None:
+        diff = diff[:, :, rows]
     return float("nan") if diff.isnan().any() else diff.max().item() if diff.numel() else 0.0
 
 
@@ -177,55 +250,82 @@ def _judge(name: str, got, ref, tolerance: float) -> tuple[float, int, list[dict
     return max_error, int(bad.sum().item()), shown
 
 
+def grad_tolerance(case: Case, g_ref, pt_error: float) -> float:
+    """FlashAttention-3's rule for one gradient: 2 x the naive low-precision attention's error plus 2 x one rounding
+    at the gradient's magnitude (in the case's dtype); with a softcap 3 x and 3e-4 more (its tests' numbers)."""
+    import torch
+
+    dtype = torch_dtype(case.dtype)
+    rounding = ((g_ref.to(dtype) + 0.3 - 0.3).float() - g_ref.to(dtype).float()).abs().max().item() if g_ref.numel() else 0.0
+    factor, extra = (3.0, 3e-4) if case.family.softcap > 0 else (2.0, 0.0)
+    return factor * pt_error + 2.0 * rounding + extra
+
+
 def check_case(attn, case: Case) -> CaseResult:
     """Run the variant on fresh seeded inputs into NaN-poisoned outputs and compare (and its backward, for a
     case with grads)."""
     import torch
 
     q, k, v = make_inputs(case)
+    sinks = make_sinks(case)
     originals = [t.clone() for t in (q, k, v)]
     scale = 1.0 / math.sqrt(case.shape.head_dim)
     atol = ATOL_BY_DTYPE[case.dtype]
+    dtype = torch_dtype(case.dtype)
+    family = {"family": case.family, "sinks": sinks}
+    mask = case_mask(case, q.device)
+    seen = mask.any(-1) if mask is not None else None  # the rows that see a key (SDPA's error is over these)
 
-    first = first_seen_row(case)
-    sdpa_q = q[:, :, first:].contiguous()
-    refs = {}
+    refs, tolerances, peer_errors = {}, {}, {}
     if case.grads:
         d_o = grad_output(case)
-        ref, *grads = reference_grads(q, k, v, case.causal, scale, d_o)
-        refs = dict(zip(("dq", "dk", "dv"), grads))
-        sdpa_leaves = [t.clone().requires_grad_() for t in (sdpa_q, k, v)]
-        sdpa_out = sdpa(*sdpa_leaves, case.causal, scale)
-        sdpa_out.backward(d_o[:, :, first:])
-        sdpa_errors = {"out": _error(sdpa_out.detach(), ref[:, :, first:]),
-                       "dq": _error(sdpa_leaves[0].grad, refs["dq"][:, :, first:]),
-                       "dk": _error(sdpa_leaves[1].grad, refs["dk"]),
-                       "dv": _error(sdpa_leaves[2].grad, refs["dv"])}  # fmt: skip
+        ref, *grads = reference_grads(q, k, v, case.causal, scale, d_o, **family)
+        _, *pt_grads = reference_grads(q, k, v, case.causal, scale, d_o, dtype=dtype, **family)
+        names = ("dq", "dk", "dv", "dsinks")
+        for name, g_ref, g_pt in zip(names, grads, pt_grads):
+            if g_ref is None:
+                continue
+            refs[name] = g_ref
+            peer_errors[name] = _error(g_pt, g_ref)
+            tolerances[name] = grad_tolerance(case, g_ref, peer_errors[name])
     else:
-        ref = reference(q, k, v, case.causal, scale)
-        sdpa_errors = {"out": _error(sdpa(sdpa_q, k, v, case.causal, scale), ref[:, :, first:])}
+        ref = reference(q, k, v, case.causal, scale, **family)
+    if sdpa_expresses(case):
+        peer = sdpa(q, k, v, case.causal, scale, mask if case.family.has_window(case.causal) else None)
+        first = first_seen_row(case)
+        rows = seen if seen is not None else None
+        if rows is None and first:
+            rows = torch.arange(case.shape.seq_len, device=q.device) >= first
+        peer_errors["out"] = _error(peer, ref, rows)
+    else:
+        peer_errors["out"] = _error(reference(q, k, v, case.causal, scale, dtype, **family), ref)
+    tolerances["out"] = max(atol, 2.0 * peer_errors["out"]) if not math.isnan(peer_errors["out"]) else atol
 
     outputs = {}
     out = torch.full_like(q, float("nan"))  # unwritten elements stay NaN and fail
+    kwargs = {"causal": case.causal, "scale": scale, **case.family.kwargs(case.causal), "sinks": sinks}
     if case.grads:  # what a training step runs: the training forward, then the backward from what it saved
-        out, lse, residual = attn.forward_train(q, k, v, causal=case.causal, scale=scale)
+        out, lse, residual = attn.forward_train(q, k, v, **kwargs)
         poisoned = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-        outputs["dq"], outputs["dk"], outputs["dv"] = attn.backward(d_o, q, k, v, out, lse, causal=case.causal, scale=scale,
-                                                                    out_residual=residual, into=poisoned)  # fmt: skip
+        dsinks = torch.full_like(sinks, float("nan")) if sinks is not None else None
+        outputs["dq"], outputs["dk"], outputs["dv"] = attn.backward(d_o, q, k, v, out, lse, **kwargs, out_residual=residual,
+                                                                    into=poisoned, dsinks=dsinks)  # fmt: skip
+        if sinks is not None:
+            outputs["dsinks"] = dsinks
     else:
-        attn(q, k, v, causal=case.causal, scale=scale, out=out)
+        attn(q, k, v, **kwargs, out=out)
     torch.cuda.synchronize()
     outputs = {"out": out, **outputs}
     refs = {"out": ref, **refs}
 
-    result = CaseResult(case.as_dict(), OK, 0.0, 0.0, sdpa_errors["out"])
+    result = CaseResult(case.as_dict(), OK, 0.0, 0.0, peer_errors["out"])
     worst = -1.0
     parts = []
     for name, got in outputs.items():
-        tolerance = max(atol, 2.0 * sdpa_errors[name]) if not math.isnan(sdpa_errors[name]) else atol
+        tolerance = tolerances[name]
         max_error, off, shown = _judge(name, got, refs[name], tolerance)
-        result.tensors[name] = {"max_error": max_error, "tolerance": tolerance, "sdpa_error": sdpa_errors[name]}
-        ratio = math.inf if math.isnan(max_error) else max_error / tolerance
+        result.tensors[name] = {"max_error": max_error, "tolerance": tolerance, "sdpa_error": peer_errors[name]}
+        ratio = math.inf if math.isnan(max_error) else max_error / tolerance if tolerance else (0.0 if max_error == 0 else math.inf)
         if ratio > worst:
             worst, result.max_error, result.tolerance = ratio, max_error, tolerance
         if off:

@@ -15,7 +15,8 @@ from flashcore_cli.core.isolate import run_worker
 from flashcore_cli.core.protocol import WorkerOutcome, WorkRequest, Wording, classify
 from flashcore_cli.core.statuses import BUILD_FAIL, CRASH, FAILURES, MISMATCH, NOT_RUN, OK, SKIP, TIMEOUT
 from flashcore_cli.registry.variants import Registry, Variant
-from flashcore_cli.registry.shapes import Case, Shape, default_cases, expand_cases
+from flashcore_cli.registry.family import FAMILY_FEATURES, Family
+from flashcore_cli.registry.shapes import Case, Shape, default_cases, expand_cases, family_cases
 
 # Worst first: a variant's status is the worst of its cases'.
 SEVERITY = [BUILD_FAIL, CRASH, TIMEOUT, MISMATCH, NOT_RUN, OK, SKIP]
@@ -74,9 +75,11 @@ class VariantOutcome:
 
 
 def plan_cases(variant: Variant, shapes: list[Shape] | None, seed: int, causal_modes=(False, True),
-               dtypes: tuple[str, ...] | None = None) -> list[Case]:  # fmt: skip
+               dtypes: tuple[str, ...] | None = None, family: Family | None = None) -> list[Case]:  # fmt: skip
     """The cases of every dtype the variant declares (or of `dtypes`), fp16's first: its seeds are as before. A
-    variant with a backward has its gradients checked in every case."""
+    variant with a backward has its gradients checked in every case. With `family` (--window, --softcap, --sinks)
+    every case runs under it; without, a variant that declares any of the family's features also gets the family's
+    odd cases (shapes.FAMILY_CASES) after the standard set."""
     import dataclasses
 
     cases: list[Case] = []
@@ -86,6 +89,10 @@ def plan_cases(variant: Variant, shapes: list[Shape] | None, seed: int, causal_m
             cases += expand_cases(shapes, base, causal_modes, dtype)
         else:
             cases += [c for c in default_cases(variant.head_dims, base, dtype) if c.causal in causal_modes]
+            if family is None and any(variant.supports(f) for f in FAMILY_FEATURES):
+                cases += [c for c in family_cases(variant.head_dims, seed + len(cases), dtype) if c.causal in causal_modes]
+    if family is not None:
+        cases = [dataclasses.replace(c, family=family) for c in cases]
     if variant.supports("backward"):
         cases = [dataclasses.replace(c, grads=True) for c in cases]
     return cases

@@ -9,7 +9,8 @@ import typer
 from rich.table import Table
 
 from flashcore_cli.commands.options import (DEFAULT_REPS, DEFAULT_WARMUP, All, Arch, Causal, Dtype, JsonOut, Names, Pass,
-                                            Reps, Seed, Warmup, check_counts, usable_paths)
+                                            Reps, Seed, Sinks, Softcap, Warmup, Window, check_counts, family_options,
+                                            usable_paths)
 from flashcore_cli.core.console import console, dtype_label, progress, styled, timing_note
 from flashcore_cli.core.dtypes import DEFAULT_DTYPE
 from flashcore_cli.core.errors import FlashcoreError
@@ -39,21 +40,26 @@ def bench(
     pair: Annotated[Optional[str], typer.Option("--pair", help="a reference row (e.g. sdpa-cudnn) also timed in each variant's "
                                                 "worker, its samples in turn with the variant's: the row REF~VARIANT "
                                                 "(cold mode)")] = None,
+    window: Window = None,
+    softcap: Softcap = None,
+    sinks: Sinks = False,
 ) -> int:
-    """Time variants beside PyTorch SDPA (default and each backend) and the Triton reference, in one run."""
+    """Time variants beside PyTorch SDPA (default and each backend), FlexAttention and the Triton reference, in one run."""
     return cmd_bench(ctx.obj["registry"], names, all_, shape, causal, reps, warmup, json_path, timeout, seed, arch, mode,
-                     dtype, passes, pair)  # fmt: skip
+                     dtype, passes, pair, family_options(window, softcap, sinks))  # fmt: skip
 
 
 def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json_path, timeout, seed, arch, mode=DEFAULT_MODE,
-              dtype_text=DEFAULT_DTYPE, pass_text=DEFAULT_PASS, pair=None) -> int:  # fmt: skip
+              dtype_text=DEFAULT_DTYPE, pass_text=DEFAULT_PASS, pair=None, family=None) -> int:  # fmt: skip
     from flashcore_cli.core.gpu import require_gpu
     from flashcore_cli.measure.bench import BenchRun, bench_references, bench_variant, finish
     from flashcore_cli.measure.references import REFERENCE_ROWS
     from flashcore_cli.check.correctness import new_seed, write_json
     from flashcore_cli.registry.shapes import MISSION_SHAPE, Case, parse_dtype, parse_pass, parse_shape
     from flashcore_cli.measure.modes import MODES, parse_modes
+    from flashcore_cli.registry.family import DENSE
 
+    family = family or DENSE
     modes = parse_modes(mode)
     dtype = parse_dtype(dtype_text)
     passes = parse_pass(pass_text)
@@ -67,19 +73,19 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
         raise FlashcoreError(f"--pair: paired samples are taken in cold mode only (not --mode {','.join(modes)})")
     arch = target_arch(arch)
     if names:  # the variants asked for by name: a shape none of them runs is a bad value (with --all: SKIP rows)
-        require_runnable(variants, [shape], causal=causal, dtype=dtype, backward=passes != DEFAULT_PASS)
+        require_runnable(variants, [shape], causal=causal, dtype=dtype, backward=passes != DEFAULT_PASS, family=family)
     usable_paths(json_path, results=True, create=False)  # checked, nothing made before a refusal (no GPU)
     require_gpu("bench")
     usable_paths(json_path, results=True)
     seed = seed if seed is not None else new_seed()
-    case = Case(shape, causal, seed, dtype=dtype, grads=passes != DEFAULT_PASS)
-    run = BenchRun(shape, causal, seed, modes, dtype=dtype, passes=passes)
-    console.print(f"bench {shape}{' causal' if causal else ''}{dtype_label(dtype)}{pass_label(passes)}: {reps} samples per "
-                  f"row and mode; seed {seed}")  # fmt: skip
+    case = Case(shape, causal, seed, dtype=dtype, grads=passes != DEFAULT_PASS, family=family)
+    run = BenchRun(shape, causal, seed, modes, dtype=dtype, passes=passes, family=family)
+    console.print(f"bench {shape}{' causal' if causal else ''}{family.label(causal)}{dtype_label(dtype)}{pass_label(passes)}: "
+                  f"{reps} samples per row and mode; seed {seed}")  # fmt: skip
     for m in modes:
         console.print(f"  {MODES[m].title}")
     with progress() as bar:
-        task = bar.add_task("references (SDPA backends, Triton)", total=len(variants) + 1)
+        task = bar.add_task("references (SDPA backends, FlexAttention, Triton)", total=len(variants) + 1)
         refs, run.environment = bench_references(case, reps=reps, warmup=warmup, timeout=timeout, modes=modes,
                                                  passes=passes)  # fmt: skip
         run.add(refs)
@@ -88,15 +94,15 @@ def cmd_bench(registry_path, names, all_, shape_text, causal, reps, warmup, json
             bar.update(task, description=f"{v.name}: build, check, time")
             rows = bench_variant(reg, v, case, arch=arch, reps=reps, warmup=warmup, timeout=timeout, modes=modes,
                                  passes=passes, pair=pair or "")  # fmt: skip
-            run.add({m: [row, *([row.paired] if row.paired else [])] for m, row in rows.items()})
+            run.add({m: [row, *([row.paired] if row.paired else []), *([row.plain] if row.plain else [])] for m, row in rows.items()})
             bar.update(task, advance=1, done=v.name)
     finish(run)
     render_bench(run)
     from flashcore_cli.core.records import save_record
 
     record = run.record()
-    saved = save_record(record, "bench", f"{shape}{'-causal' if causal else ''}{'' if dtype == 'fp16' else '-' + dtype}"
-                                         f"{'' if passes == 'fwd' else '-' + passes}")  # fmt: skip
+    saved = save_record(record, "bench", f"{shape}{'-causal' if causal else ''}{family.label(causal).replace(' ', '-')}"
+                                         f"{'' if dtype == 'fp16' else '-' + dtype}{'' if passes == 'fwd' else '-' + passes}")  # fmt: skip
     console.print(f"record: {saved}")
     if json_path:
         write_json(json_path, record)
@@ -115,28 +121,30 @@ def pass_label(passes: str) -> str:
 def render_bench(run) -> None:
     """One table per mode, its title naming the mode; speedups against SDPA in the same mode; each row's place
     against the GPU's tensor and memory peaks (roofline.py)."""
-    from flashcore_cli.measure.bench import sdpa_median
+    from flashcore_cli.measure.bench import baseline_median
     from flashcore_cli.measure.roofline import roofline
 
     env = run.environment
     peaks = run.peaks
     for mode in run.modes:
         title = (
-            f"{run.shape}{' causal' if run.causal else ''}{dtype_label(run.dtype)}{pass_label(run.passes)} on "
+            f"{run.shape}{' causal' if run.causal else ''}{run.family.label(run.causal)}{dtype_label(run.dtype)}"
+            f"{pass_label(run.passes)} on "
             f"{env.get('gpu', '?')}, {mode} mode (torch {env.get('torch', '?')}, CUDA {env.get('cuda', '?')}, "
             f"driver {env.get('driver', '?')})"
         )
         table = Table(title=title)
         for col, just in (("name", "left"), ("status", "left"), ("median us", "right"), ("p10 us", "right"),
                           ("p90 us", "right"), ("TFLOP/s", "right"), ("% tensor", "right"), ("GB/s", "right"),
-                          ("% memory", "right"), ("bound", "left"), ("vs SDPA", "right"), ("note", "left")):  # fmt: skip
+                          ("% memory", "right"), ("bound", "left"), (f"vs {run.baseline}", "right"), ("note", "left")):  # fmt: skip
             table.add_column(col, justify=just, overflow="fold")
         rows = run.rows.get(mode, [])
-        sdpa = sdpa_median(rows)
+        sdpa = baseline_median(rows, run.baseline)
         for r in rows:
             if r.median:
-                tflops = run.flops / (r.median * 1e-6) / 1e12
-                roof = roofline(run.flops, run.bytes_moved, r.median, peaks)
+                flops, bytes_moved = r.flops or run.flops, r.bytes_moved or run.bytes_moved  # a plain row's own
+                tflops = flops / (r.median * 1e-6) / 1e12
+                roof = roofline(flops, bytes_moved, r.median, peaks)
                 pct = lambda x: "-" if x is None else f"{100 * x:.0f}%"  # noqa: E731
                 speed = f"{sdpa / r.median:.2f}x" if sdpa else "-"
                 table.add_row(
@@ -158,5 +166,6 @@ def render_bench(run) -> None:
                       f"({peaks.sm_count} SMs x {peaks.sm_clock_mhz} MHz x {peaks.tensor_flops_per_sm_clock} FLOP/clock), "
                       f"memory {peaks.memory_gbps:.0f} GB/s (2 x {peaks.memory_clock_mhz} MHz x {peaks.bus_width_bits} bit / 8); "
                       f"bytes: {run.bytes_moved / 1e6:.1f} MB per call ({BYTES_COUNTED[run.passes]})")  # fmt: skip
-    console.print("vs SDPA: SDPA default's median / this row's median, in the same mode (above 1: faster than SDPA)")
+    console.print(f"vs {run.baseline}: {run.baseline}'s median / this row's median, in the same mode (above 1: faster than "
+                  f"{run.baseline}){'' if run.baseline == 'sdpa' else '; SDPA cannot express this case'}")  # fmt: skip
 

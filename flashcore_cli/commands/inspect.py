@@ -13,8 +13,9 @@ from rich.table import Table
 
 from flashcore_cli.core.console import console, err_console, short_kernel, status
 from flashcore_cli.core.errors import EXIT_CHECK_FAILED, EXIT_OK, FlashcoreError
-from flashcore_cli.commands.options import Arch, Causal, Name, check_timeout
+from flashcore_cli.commands.options import Arch, Causal, Name, Sinks, Softcap, Window, check_timeout, family_options
 from flashcore_cli.core.statuses import CRASH, TIMEOUT
+from flashcore_cli.registry.family import DENSE
 
 
 def sanitize(
@@ -27,9 +28,12 @@ def sanitize(
     timeout: Annotated[float, typer.Option("--timeout", help="seconds for the sanitized run before it is killed")] = 600.0,
     show: Annotated[int, typer.Option("--show", help="how many reported problems to print")] = 5,
     arch: Arch = None,
+    window: Window = None,
+    softcap: Softcap = None,
+    sinks: Sinks = False,
 ) -> int:
     """Run a variant once on a small shape under compute-sanitizer; exit 1 on any error."""
-    return run_sanitize(ctx.obj["registry"], name, tool, shape, causal, timeout, show, arch)
+    return run_sanitize(ctx.obj["registry"], name, tool, shape, causal, timeout, show, arch, family_options(window, softcap, sinks))
 
 
 def profile(
@@ -40,9 +44,12 @@ def profile(
     causal: Causal = False,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds for the profiled run before it is killed")] = 600.0,
     arch: Arch = None,
+    window: Window = None,
+    softcap: Softcap = None,
+    sinks: Sinks = False,
 ) -> int:
     """Nsight Compute on a variant's kernels only (clocks not locked): a short table, the .ncu-rep kept."""
-    return run_profile(ctx.obj["registry"], name, shape, causal, timeout, arch)
+    return run_profile(ctx.obj["registry"], name, shape, causal, timeout, arch, family_options(window, softcap, sinks))
 
 
 def sass(
@@ -56,7 +63,8 @@ def sass(
     return run_sass(ctx.obj["registry"], name, arch, out)
 
 
-def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, causal: bool, timeout: float, show: int, arch_text) -> int:
+def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, causal: bool, timeout: float, show: int, arch_text,
+                 family=None) -> int:  # fmt: skip
     from flashcore_cli.core.gpu import require_gpu
     from flashcore_cli.core.protocol import classify
     from flashcore_cli.inspect.launch import build_first, launch_under
@@ -75,10 +83,12 @@ def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, ca
     reg = load_registry(registry_path)
     variant = reg.get(name)
     shape = parse_shape(shape_text or f"1,2,{DEFAULT_SEQ_LEN},{variant.head_dims[0]}")
-    reason = variant.unsupported_reason(shape.head_dim, causal, gqa=shape.gqa, seqlen_kv=shape.other_kv_len, seq_len=shape.seq_len)
+    family = family or DENSE
+    reason = variant.unsupported_reason(shape.head_dim, causal, gqa=shape.gqa, seqlen_kv=shape.other_kv_len, seq_len=shape.seq_len,
+                                        **family.needs(causal))  # fmt: skip
     if reason:
         raise FlashcoreError(reason)
-    case = Case(shape, causal, seed=1)
+    case = Case(shape, causal, seed=1, family=family)
     with tempfile.TemporaryDirectory(prefix="flashcore-sanitize-") as tmp:
         log = Path(tmp) / "sanitizer.log"
         prefix = sanitizer_command(tool, log)
@@ -132,7 +142,7 @@ def _print(text: str) -> None:
     console.print(text, highlight=False)
 
 
-def run_profile(registry_path, name: str, shape_text: str | None, causal: bool, timeout: float, arch_text) -> int:
+def run_profile(registry_path, name: str, shape_text: str | None, causal: bool, timeout: float, arch_text, family=None) -> int:
     from flashcore_cli.builder.cudatools import require
     from flashcore_cli.core.gpu import require_gpu
     from flashcore_cli.inspect.profile import collect, function_name, kernel_regex
@@ -148,13 +158,15 @@ def run_profile(registry_path, name: str, shape_text: str | None, causal: bool, 
     reg = load_registry(registry_path)
     variant = reg.get(name)
     shape = parse_shape(shape_text or MISSION_SHAPE)
-    reason = variant.unsupported_reason(shape.head_dim, causal, gqa=shape.gqa, seqlen_kv=shape.other_kv_len, seq_len=shape.seq_len)
+    family = family or DENSE
+    reason = variant.unsupported_reason(shape.head_dim, causal, gqa=shape.gqa, seqlen_kv=shape.other_kv_len, seq_len=shape.seq_len,
+                                        **family.needs(causal))  # fmt: skip
     if reason:
         raise FlashcoreError(reason)
     arch = target_arch(arch_text)  # every argument checked before the tools and the GPU
     ncu = require("ncu", "`flashcore profile`")
     require_gpu("profile")
-    case = Case(shape, causal, seed=1)
+    case = Case(shape, causal, seed=1, family=family)
     with status(f"building {variant.name} for {arch}; reading its kernel names (ptxas)"):
         probe = compile_probe(variant, arch)
         if probe.error:

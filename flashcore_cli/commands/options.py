@@ -35,6 +35,19 @@ Dtype = Annotated[str, typer.Option("--dtype", help="fp16 or bf16: q, k, v of ev
                                     "(a variant that does not declare it: SKIP)")]  # fmt: skip
 Pass = Annotated[str, typer.Option("--pass", help="what a timed call does: fwd, bwd (the backward of a saved forward) "
                                    "or fwd+bwd; backward FLOPs = 2.5 x forward")]  # fmt: skip
+# The attention family (registry/family.py): parsed by family_options, one error for a bad value.
+Window = Annotated[Optional[str], typer.Option("--window", help="sliding window LEFT,RIGHT (FlashAttention's window_size; "
+                                               "-1 unbounded, --causal sets RIGHT to 0), e.g. 1024,0")]  # fmt: skip
+Softcap = Annotated[Optional[float], typer.Option("--softcap", help="logit softcap c: scores become c * tanh(s / c) (0: off)")]
+Sinks = Annotated[bool, typer.Option("--sinks", help="attention sinks: one fp32 logit per query head in every row's "
+                                     "softmax denominator, drawn from the seed")]  # fmt: skip
+
+
+def family_options(window: str | None, softcap: float | None, sinks: bool):
+    """The Family the --window, --softcap and --sinks options ask for (one FlashcoreError for a bad value)."""
+    from flashcore_cli.registry.family import parse_family
+
+    return parse_family(window, softcap, sinks)
 
 
 def check_timeout(timeout: float) -> None:

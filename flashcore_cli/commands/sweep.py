@@ -8,12 +8,14 @@ import typer
 from rich.table import Table
 
 from flashcore_cli.commands.options import (DEFAULT_REPS, DEFAULT_WARMUP, Arch, Causal, Dtype, JsonOut, Mode, Pass, Reps, Warmup,
+                                            Sinks, Softcap, Window, family_options,
                                             check_counts)
 from flashcore_cli.core.console import console, dtype_label, progress, styled
 from flashcore_cli.core.dtypes import DEFAULT_DTYPE
 from flashcore_cli.core.passes import DEFAULT_PASS
 from flashcore_cli.core.statuses import OK
 from flashcore_cli.measure.modes import DEFAULT_MODE
+from flashcore_cli.registry.family import Family
 
 
 def sweep(
@@ -34,14 +36,17 @@ def sweep(
     mode: Mode = DEFAULT_MODE,
     dtype: Dtype = DEFAULT_DTYPE,
     passes: Pass = DEFAULT_PASS,
+    window: Window = None,
+    softcap: Softcap = None,
+    sinks: Sinks = False,
 ) -> int:
     """Time variants and the references along the sequence length, over every visible GPU; record and chart."""
     return run_sweep(ctx.obj["registry"], names, seq, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch, mode,
-                     dtype, passes)  # fmt: skip
+                     dtype, passes, family_options(window, softcap, sinks))  # fmt: skip
 
 
 def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, reps, warmup, timeout, json_path, arch_text,
-              mode_text=DEFAULT_MODE, dtype_text=DEFAULT_DTYPE, pass_text=DEFAULT_PASS) -> int:  # fmt: skip
+              mode_text=DEFAULT_MODE, dtype_text=DEFAULT_DTYPE, pass_text=DEFAULT_PASS, family=None) -> int:  # fmt: skip
     """Parse and check the options, plan the points, measure them over the GPUs, then record, show and chart."""
     from flashcore_cli.check.correctness import new_seed
     from flashcore_cli.core.gpu import require_gpu
@@ -52,7 +57,9 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
     from flashcore_cli.registry.variants import load_registry, require_runnable
     from flashcore_cli.registry.shapes import parse_dtype, parse_pass, parse_shape
     from flashcore_cli.measure.modes import MODES, parse_modes
+    from flashcore_cli.registry.family import DENSE
 
+    family = family or DENSE
     (mode,) = parse_modes(mode_text, several=False)
     dtype = parse_dtype(dtype_text)
     passes = parse_pass(pass_text)
@@ -62,16 +69,17 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
     shapes = [parse_shape(f"{batch},{heads},{s},{dim}") for s in seq_lens]
     check_counts(reps, warmup, timeout)
     arch = target_arch(arch_text)
-    require_runnable(variants, shapes, causal=causal, dtype=dtype, backward=passes != DEFAULT_PASS)  # a head dim none runs
+    require_runnable(variants, shapes, causal=causal, dtype=dtype, backward=passes != DEFAULT_PASS,
+                     family=family)  # a head dim (or family) none runs
     if plot:
         require_matplotlib()
     require_gpu("sweep")
     gpus = visible_gpus() or ["0"]
     seed = new_seed()
     template = PointJob(str(reg.path), None, {}, arch, reps, warmup, timeout, mode, passes)
-    jobs = plan_points(template, [v.name for v in variants], shapes, causal, seed, dtype)
+    jobs = plan_points(template, [v.name for v in variants], shapes, causal, seed, dtype, family)
     console.print(
-        f"sweep {batch},{heads},S,{dim}{' causal' if causal else ''} over S = {', '.join(map(str, seq_lens))}: "
+        f"sweep {batch},{heads},S,{dim}{' causal' if causal else ''}{family.label(causal)} over S = {', '.join(map(str, seq_lens))}: "
         f"{len(variants)} variant(s) + references, {reps} samples per row, on {len(gpus)} GPU(s) ({', '.join(gpus)}); seed {seed}; "
         f"{MODES[mode].title}"
     )
@@ -83,6 +91,7 @@ def run_sweep(registry_path, names, seq_text, batch, heads, dim, causal, plot, r
         "heads": heads,
         "head_dim": dim,
         "causal": causal,
+        **family.as_dict(),
         "dtype": dtype,
         "pass": passes,
         "seq_lens": seq_lens,
@@ -122,7 +131,9 @@ def keep_sweep(record: dict, json_path, plot) -> None:
 
     render_sweep(record)
     batch, heads, dim, causal, dtype = (record[k] for k in ("batch", "heads", "head_dim", "causal", "dtype"))
-    saved = save_record(record, "sweep", f"{batch},{heads},S,{dim}{'-causal' if causal else ''}{'' if dtype == 'fp16' else '-' + dtype}")
+    label = Family.from_dict(record).label(causal).replace(" ", "-")
+    saved = save_record(record, "sweep", f"{batch},{heads},S,{dim}{'-causal' if causal else ''}{label}"
+                                         f"{'' if dtype == 'fp16' else '-' + dtype}")  # fmt: skip
     console.print(f"record: {saved}")
     if json_path:
         write_json(json_path, record)
@@ -141,6 +152,7 @@ def render_sweep(record: dict) -> None:
     env = record.get("environment", {})
     title = (
         f"sweep {record['batch']},{record['heads']},S,{record['head_dim']}{' causal' if record['causal'] else ''}"
+        f"{Family.from_dict(record).label(record['causal'])}"
         f"{dtype_label(record.get('dtype', 'fp16'))} "
         f"on {env.get('gpu', '?')}, {record.get('mode', OLD_RECORD_MODE)} mode: median us / TFLOP/s"
     )

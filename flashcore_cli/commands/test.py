@@ -7,12 +7,15 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from flashcore_cli.commands.options import All, Arch, JsonOut, Names, Seed, check_timeout, usable_paths
+from flashcore_cli.commands.options import (All, Arch, JsonOut, Names, Seed, Sinks, Softcap, Window, check_timeout,
+                                            family_options, usable_paths)
 from flashcore_cli.core.console import console, progress, styled
 from flashcore_cli.core.errors import EXIT_CHECK_FAILED, EXIT_OK
 from flashcore_cli.core.events import Event
 from flashcore_cli.core.statuses import BUILD_FAIL, CRASH, MISMATCH, NOT_RUN, OK, SKIP, TIMEOUT
 from flashcore_cli.registry.archs import target_arch
+from flashcore_cli.registry.family import DENSE
+from flashcore_cli.registry.shapes import Case, Shape
 from flashcore_cli.registry.variants import load_registry, require_runnable
 
 
@@ -29,12 +32,18 @@ def test(
     json_path: JsonOut = None,
     seed: Seed = None,
     arch: Arch = None,
+    window: Window = None,
+    softcap: Softcap = None,
+    sinks: Sinks = False,
 ) -> int:
-    """Check variants against an fp32 reference, each in its own process under a timeout."""
-    return cmd_test(ctx.obj["registry"], names, all_, shapes, timeout, json_path, seed, arch)
+    """Check variants against an fp32 reference, each in its own process under a timeout. With --window, --softcap or
+    --sinks every case runs under them; without, a variant that takes any of them also runs the family's odd cases."""
+    family = family_options(window, softcap, sinks)
+    return cmd_test(ctx.obj["registry"], names, all_, shapes, timeout, json_path, seed, arch,
+                    None if family == DENSE else family)  # fmt: skip
 
 
-def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, arch) -> int:
+def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, arch, family=None) -> int:
     from flashcore_cli.check.correctness import new_seed, plan_cases, run_variant, write_json
     from flashcore_cli.core.gpu import require_gpu
     from flashcore_cli.registry.shapes import parse_shapes
@@ -44,8 +53,9 @@ def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, 
     shapes = parse_shapes(shapes_text)
     check_timeout(timeout)
     arch = target_arch(arch)
-    if shapes:
-        require_runnable(variants, shapes, causal=None)
+    if shapes or family is not None:
+        require_runnable(variants, shapes or [Shape(1, 8, 512, d) for v in variants for d in v.head_dims], causal=None,
+                         family=family)  # fmt: skip
     usable_paths(json_path, create=False)  # the arguments first, then the GPU: a bad value is named as one
     require_gpu("test")
     usable_paths(json_path)
@@ -54,7 +64,7 @@ def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, 
     outcomes = []
     with progress() as bar:
         for v in variants:
-            cases = plan_cases(v, shapes, seed)
+            cases = plan_cases(v, shapes, seed, family=family)
             task = bar.add_task(f"{v.name}: building", total=len(cases))
 
             def on_event(e, task=task, name=v.name):
@@ -65,7 +75,8 @@ def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, 
                     bar.advance(task)
                 elif kind == Event.CASE_START:
                     c = e["case"]
-                    bar.update(task, description=f"{name}: {c['shape']}{' causal' if c['causal'] else ''} {c.get('dtype', 'fp16')}")
+                    label = Case.from_dict(c).label()
+                    bar.update(task, description=f"{name}: {label}")
 
             outcome = run_variant(reg, v, cases, arch=arch, timeout=timeout, on_event=on_event)
             bar.update(task, completed=len(cases))
@@ -79,7 +90,8 @@ def cmd_test(registry_path, names, all_, shapes_text, timeout, json_path, seed, 
 
 
 def _render_test(outcomes) -> None:
-    table = Table(title="correctness: max|out - ref| <= max(1 ulp at 1.0, 2 x SDPA's error in the same dtype), fp32 reference")
+    table = Table(title="correctness against an fp32 reference: out within max(1 ulp at 1.0, 2 x SDPA's error in the same dtype); "
+                        "gradients by FlashAttention-3's rule (docs/usage.md)")
     for col, just in (("variant", "left"), ("status", "left"), ("dtypes", "left"), (OK, "right"), (MISMATCH, "right"),
                       ("TIMEOUT/CRASH/BUILD", "right"), ("SKIP/NOT-RUN", "right"), ("worst err/tol", "right"),
                       ("time", "right")):  # fmt: skip

@@ -11,7 +11,8 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from flashcore_cli.commands.options import DEFAULT_REPS, Arch, Causal, Dtype, Name, Reps, check_positive, check_reps, check_timeout
+from flashcore_cli.commands.options import (DEFAULT_REPS, Arch, Causal, Dtype, Name, Reps, Sinks, Softcap, Window, check_positive,
+                                            check_reps, check_timeout, family_options)
 from flashcore_cli.core.console import console, styled
 from flashcore_cli.core.dtypes import DEFAULT_DTYPE
 from flashcore_cli.core.errors import EXIT_INTERRUPTED
@@ -30,9 +31,13 @@ def watch(
     interval: Annotated[float, typer.Option("--interval", help="seconds between two looks at the files")] = 0.2,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds per check or timing (after its build)")] = 120.0,
     reps: Reps = DEFAULT_REPS,
+    window: Window = None,
+    softcap: Softcap = None,
+    sinks: Sinks = False,
 ) -> int:
     """On every save of a variant's sources: rebuild, check, (--bench) time; errors shown, the loop goes on."""
-    return run_watch(ctx.obj["registry"], name, shape, causal, bench, dtype, arch, interval, timeout, reps)
+    return run_watch(ctx.obj["registry"], name, shape, causal, bench, dtype, arch, interval, timeout, reps,
+                     family_options(window, softcap, sinks))  # fmt: skip
 
 
 def render_iteration(console, it, history: list, *, title: str, clear: bool) -> None:
@@ -96,7 +101,7 @@ def _resources_line(resources: list) -> str:
 
 
 def run_watch(registry_path, name: str, shape_values: list[str] | None, causal: bool, bench: bool, dtype_text: str,
-              arch_text: str | None, interval: float, timeout: float, reps: int) -> int:  # fmt: skip
+              arch_text: str | None, interval: float, timeout: float, reps: int, family=None) -> int:  # fmt: skip
     from flashcore_cli.check.correctness import new_seed
     from flashcore_cli.core.gpu import require_gpu
     from flashcore_cli.loop.watch import BENCH_MODE, Watcher, worker_steps
@@ -113,12 +118,12 @@ def run_watch(registry_path, name: str, shape_values: list[str] | None, causal: 
     variant = load_registry(registry_path).get(name)  # an unknown name fails here, before anything runs
     variant_name = variant.name
     arch = target_arch(arch_text)
-    require_runnable([variant], shapes, causal=causal, dtype=dtype)  # the arguments first, then the GPU
+    require_runnable([variant], shapes, causal=causal, dtype=dtype, family=family)  # the arguments first, then the GPU
     require_gpu("watch")
     seed = new_seed()
     steps = worker_steps(registry_path, variant_name, shapes, causal=causal, dtype=dtype, arch=arch, timeout=timeout,
-                         seed=seed, bench=bench, reps=reps)  # fmt: skip
-    what = f"{', '.join(map(str, shapes))}{' causal' if causal else ''} {dtype}"
+                         seed=seed, bench=bench, reps=reps, family=family)  # fmt: skip
+    what = f"{', '.join(map(str, shapes))}{' causal' if causal else ''}{family.label(causal) if family else ''} {dtype}"
     title = f"flashcore watch {variant_name} · {what} · {arch}" + (f" · bench {BENCH_MODE}" if bench else "")
     console.print(f"watching {variant_name} ({what}, {arch}); seed {seed}; Ctrl-C stops")
     watcher = Watcher(steps, lambda it, hist: render_iteration(console, it, hist, title=title, clear=console.is_terminal),

@@ -22,6 +22,7 @@ class Event:
     REFERENCE_SKIPPED = "reference-skipped"
     PAIR_TIMING = "pair-timing"
     PAIR_SKIPPED = "pair-skipped"
+    PLAIN_TIMING = "plain-timing"
     LAUNCHED = "launched"
     CRASH = "crash"
     DONE = "done"
@@ -43,6 +44,8 @@ FIELDS: dict[str, str] = {
     Event.PAIR_TIMING: "(--pair) name (the reference row), paired_with (the variant), and Timing.as_dict(): the "
     "reference's samples, taken in turn with the variant's",
     Event.PAIR_SKIPPED: "(--pair) name, reason: the reference cannot run here; the variant is timed alone",
+    Event.PLAIN_TIMING: "(a case with a window, softcap or sinks) name (the variant), and Timing.as_dict(): the same "
+    "call without them (dense or causal), timed in the same worker after the case's own timing",
     Event.LAUNCHED: "calls, kernels",
     Event.CRASH: "where, error: an exception in the worker (a fault poisons the CUDA context: the task stops)",
     Event.DONE: "the last event of a clean run",

@@ -287,13 +287,16 @@ def resource_deltas(before: list[KernelResources] | None, after: list[KernelReso
 
 
 def worker_steps(registry_path, variant_name: str, shapes, *, causal: bool, dtype: str, arch: str, timeout: float,
-                 seed: int, bench: bool = False, reps: int = 100) -> WatchSteps:  # fmt: skip
+                 seed: int, bench: bool = False, reps: int = 100, family=None) -> WatchSteps:  # fmt: skip
     """The real steps: `flashcore test`'s worker at the shapes (one case per shape: this causal mode, this
-    dtype, seeds from `seed`), and with bench `flashcore bench`'s (in BENCH_MODE) at the first shape."""
+    dtype, seeds from `seed`; the family, --window etc., where given), and with bench `flashcore bench`'s (in
+    BENCH_MODE) at the first shape, its speedup against SDPA (or FlexAttention where SDPA cannot express the case)."""
+    from flashcore_cli.registry.family import DENSE
     from flashcore_cli.registry.shapes import Case
     from flashcore_cli.registry.variants import load_registry
 
-    bench_case = Case(shapes[0], causal, seed, dtype=dtype)
+    family = family or DENSE
+    bench_case = Case(shapes[0], causal, seed, dtype=dtype, family=family)
 
     def load():
         reg = load_registry(registry_path)
@@ -302,7 +305,7 @@ def worker_steps(registry_path, variant_name: str, shapes, *, causal: bool, dtyp
     def check(reg, variant):
         from flashcore_cli.check.correctness import plan_cases, run_variant
 
-        cases = plan_cases(variant, shapes, seed, causal_modes=(causal,), dtypes=(dtype,))
+        cases = plan_cases(variant, shapes, seed, causal_modes=(causal,), dtypes=(dtype,), family=family)
         return run_variant(reg, variant, cases, arch=arch, timeout=timeout)
 
     def time_it(reg, variant):
@@ -314,10 +317,10 @@ def worker_steps(registry_path, variant_name: str, shapes, *, causal: bool, dtyp
         return None, f"not timed: {row.status} {(row.detail or '').splitlines()[0] if row.detail else ''}".strip()
 
     def sdpa():
-        from flashcore_cli.measure.bench import bench_references, sdpa_median
+        from flashcore_cli.measure.bench import baseline_for, baseline_median
 
         rows, _ = bench_references(bench_case, reps=reps, warmup=10, timeout=timeout, modes=(BENCH_MODE,))
-        return sdpa_median(rows[BENCH_MODE])
+        return baseline_median(rows[BENCH_MODE], baseline_for(family, causal))
 
     return WatchSteps(load, check, resources_of, time_it if bench else None, sdpa if bench else None)
 

@@ -31,7 +31,8 @@ from flashcore_cli.core.passes import DEFAULT_PASS
 from flashcore_cli.core.protocol import LAST_WORDS, WorkerOutcome, WorkRequest, classify, in_mode, timing_fields
 from flashcore_cli.core.statuses import BUILD_FAIL, OK, SKIP
 from flashcore_cli.measure.modes import DEFAULT_MODE
-from flashcore_cli.measure.references import SDPA_DEFAULT
+from flashcore_cli.measure.references import FLEX, SDPA_DEFAULT
+from flashcore_cli.registry.family import DENSE, Family
 from flashcore_cli.registry.variants import Registry, Variant
 from flashcore_cli.measure.roofline import Peaks, roofline
 from flashcore_cli.registry.shapes import Case, Shape, pass_bytes, pass_flops
@@ -46,19 +47,25 @@ class BenchRow:
     detail: str = ""
     paired: BenchRow | None = None  # --pair: the reference's row timed in turn with this variant's (its own row)
     paired_with: str = ""  # a paired reference row: the variant it was timed with
+    plain: BenchRow | None = None  # a family case: the variant's same call without the family (its own row)
+    flops: float | None = None  # a plain row's own FLOPs and bytes (the run's otherwise)
+    bytes_moved: float | None = None
 
     @property
     def median(self) -> float | None:
         return self.timing.get("median_us")
 
     def as_dict(self, flops: float, sdpa_median: float | None, bytes_moved: float = 0.0,
-                peaks: Peaks | None = None) -> dict:  # fmt: skip
+                peaks: Peaks | None = None, baseline: str = SDPA_DEFAULT) -> dict:  # fmt: skip
+        flops = self.flops or flops
+        bytes_moved = self.bytes_moved or bytes_moved
         d = {"name": self.name, "kind": self.kind, "status": self.status, "key": self.key, "detail": self.detail}
         if self.paired_with:
             d["paired_with"] = self.paired_with
         if self.median:
             d["tflops"] = flops / (self.median * 1e-6) / 1e12
-            d["speedup_vs_sdpa"] = sdpa_median / self.median if sdpa_median else None
+            d["speedup_vs_sdpa" if baseline == SDPA_DEFAULT else f"speedup_vs_{baseline}"] = (
+                sdpa_median / self.median if sdpa_median else None)  # fmt: skip
             if bytes_moved:
                 d["roofline"] = roofline(flops, bytes_moved, self.median, peaks).as_dict()
         d.update(self.timing)
@@ -66,7 +73,17 @@ class BenchRow:
 
 
 def sdpa_median(rows: list[BenchRow]) -> float | None:
-    return next((r.median for r in rows if r.name == SDPA_DEFAULT and r.median), None)
+    return baseline_median(rows, SDPA_DEFAULT)
+
+
+def baseline_median(rows: list[BenchRow], name: str) -> float | None:
+    """The median of the (unpaired) row a run's speedups are against."""
+    return next((r.median for r in rows if r.name == name and r.median), None)
+
+
+def baseline_for(family: Family, causal: bool) -> str:
+    """SDPA default where it expresses the case (dense or causal), else FlexAttention's row."""
+    return SDPA_DEFAULT if family.is_dense(causal) else FLEX
 
 
 @dataclass
@@ -77,6 +94,7 @@ class BenchRun:
     modes: list[str] = field(default_factory=lambda: [DEFAULT_MODE])
     dtype: str = DEFAULT_DTYPE  # of q, k, v for every row, references included
     passes: str = DEFAULT_PASS  # what a timed call does: fwd, bwd or fwd+bwd (shapes.PASSES)
+    family: Family = DENSE  # window, softcap, sinks (registry/family.py)
     rows: dict[str, list[BenchRow]] = field(default_factory=dict)  # mode -> its rows, in run order
     environment: dict = field(default_factory=dict)
     clocks_after: dict = field(default_factory=dict)
@@ -84,11 +102,16 @@ class BenchRun:
 
     @property
     def flops(self) -> float:
-        return pass_flops(self.shape, self.causal, self.passes)
+        return pass_flops(self.shape, self.causal, self.passes, self.family)
 
     @property
     def bytes_moved(self) -> float:
-        return pass_bytes(self.shape, self.passes)
+        return pass_bytes(self.shape, self.passes, self.causal, self.family)
+
+    @property
+    def baseline(self) -> str:
+        """The row speedups are against: SDPA default, or FlexAttention where SDPA cannot express the case."""
+        return baseline_for(self.family, self.causal)
 
     @property
     def peaks(self) -> Peaks | None:
@@ -100,8 +123,10 @@ class BenchRun:
 
     def section(self, mode: str) -> dict:
         rows = self.rows.get(mode, [])
-        sdpa = sdpa_median(rows)
-        return {"mode": mode, "rows": [r.as_dict(self.flops, sdpa, self.bytes_moved, self.peaks) for r in rows]}
+        base = baseline_median(rows, self.baseline)
+        # every row names the family it ran (a plain row, the variant without it, has its own FLOPs and none)
+        return {"mode": mode, "rows": [{**r.as_dict(self.flops, base, self.bytes_moved, self.peaks, self.baseline),
+                                        **({} if r.flops else self.family.as_dict())} for r in rows]}  # fmt: skip
 
     def record(self) -> dict:
         sections = [self.section(m) for m in self.modes]
@@ -111,6 +136,8 @@ class BenchRun:
             "started": self.started,
             "shape": str(self.shape),
             "causal": self.causal,
+            **self.family.as_dict(),
+            "baseline": self.baseline,
             "dtype": self.dtype,
             "pass": self.passes,
             "seed": self.seed,
@@ -167,7 +194,26 @@ def bench_variant(
     rows = {m: _variant_row(variant, case, worker, m, timeout) for m in modes}
     for mode, row in rows.items():
         row.paired = _paired_row(pair, variant.name, worker, mode) if pair else None
+        row.plain = _plain_row(variant.name, case, worker, mode, passes)
     return rows
+
+
+def plain_name(variant: str) -> str:
+    return f"{variant} (plain)"
+
+
+def _plain_row(variant: str, case: Case, worker: WorkerOutcome, mode: str, passes: str) -> BenchRow | None:
+    """A family case's companion row: the variant's same call without the window, softcap and sinks, with its own
+    FLOPs and bytes (the dense or causal count); None where it was not timed."""
+    import dataclasses
+
+    timing = [e for e in worker.find(Event.PLAIN_TIMING) if in_mode(e, mode)]
+    if not timing:
+        return None
+    plain = dataclasses.replace(case, family=DENSE)
+    return BenchRow(plain_name(variant), "variant", OK, timing_fields(timing[0]), key=worker.built.get("key", "") if worker.built else "",
+                    detail=f"{variant} without{case.family.label(case.causal)}, same worker",
+                    flops=pass_flops(plain.shape, plain.causal, passes), bytes_moved=pass_bytes(plain.shape, passes))  # fmt: skip
 
 
 def paired_name(reference: str, variant: str) -> str:

@@ -1,5 +1,10 @@
-"""Reference rows timed beside the variants: PyTorch SDPA (its default and each backend the GPU runs)
-and the project's own Triton FlashAttention forward."""
+"""Reference rows timed beside the variants: PyTorch SDPA (its default and each backend the GPU runs),
+FlexAttention (torch.nn.attention.flex_attention, compiled) and the project's own Triton FlashAttention forward.
+
+SDPA rows run where SDPA expresses the case (dense or causal); FlexAttention runs every case it can express
+(dense, causal, a sliding window as a block mask, a softcap as a score mod; not sinks, which no score or mask
+mod can add to the denominator), compiled once per shape and case before its timing: its compile time is not
+charged to its row."""
 
 from __future__ import annotations
 
@@ -8,9 +13,10 @@ from flashcore_cli.core.passes import DEFAULT_PASS
 
 SDPA_DEFAULT = "sdpa"
 TRITON = "triton"
+FLEX = "flex"
 # the rows after SDPA's default: each backend pinned
 SDPA_BACKEND_ROWS = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math")
-REFERENCE_ROWS = (SDPA_DEFAULT, *SDPA_BACKEND_ROWS, TRITON)  # every reference row's name, in run order
+REFERENCE_ROWS = (SDPA_DEFAULT, *SDPA_BACKEND_ROWS, FLEX, TRITON)  # every reference row's name, in run order
 # The math backend materialises the fp32 score matrix, B * H * S * S * 4 bytes, in every call; past this
 # it is skipped (at 1,16,16384,64 it would be 16 GiB a call, and minutes of bench for a row nobody reads).
 MATH_SCORE_LIMIT_BYTES = 4 << 30
@@ -27,16 +33,27 @@ def math_skip_reason(shape, kv_shape=None) -> str:
             f"(limit {MATH_SCORE_LIMIT_BYTES / 2**30:.0f} GiB)")
 
 
-def reference_functions(q, k, v, causal: bool, passes: str = DEFAULT_PASS):
+def reference_functions(q, k, v, causal: bool, passes: str = DEFAULT_PASS, family=None):
     """(name, zero-argument callable or None, context manager to time it in, reason when None) for each
     reference row. `passes` (fwd, bwd, fwd+bwd) is what a call does: the forward; the backward
     (torch.autograd.grad of a saved forward's output); or both. SDPA takes grouped-query inputs with
-    enable_gqa and a shorter query block with the bottom-right causal mask (flashcore's convention)."""
+    enable_gqa and a shorter query block with the bottom-right causal mask (flashcore's convention). With a
+    family beyond causal (registry/family.py), SDPA's and Triton's rows say why they are not timed."""
     import contextlib
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from flashcore_cli.check.case import sdpa as sdpa_forward
+    from flashcore_cli.registry.family import DENSE
+
+    family = family or DENSE
+    if not family.is_dense(causal):
+        what = family.label(causal).strip()
+        why = f"SDPA does not express {what} (only dense or causal attention)"
+        rows = [(name, None, None, why) for name in (SDPA_DEFAULT, *SDPA_BACKEND_ROWS)]
+        rows.append(flex_row(q, k, v, causal, passes, family))
+        rows.append((TRITON, None, None, f"the Triton reference does not take {what}"))
+        return rows
 
     def sdpa_rows(label, backend):
         if passes == "fwd":
@@ -57,6 +74,7 @@ def reference_functions(q, k, v, causal: bool, passes: str = DEFAULT_PASS):
             rows.append((label, None, None, f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:160]}"))
             continue
         rows.append((label, call, sdpa_kernel([backend]), ""))
+    rows.append(flex_row(q, k, v, causal, passes, family))
 
     if passes != "fwd":
         rows.append((TRITON, None, None, "the Triton reference is forward-only"))
@@ -94,3 +112,56 @@ def sdpa_training_call(q, k, v, causal: bool, passes: str, backend):
         out = sdpa_forward(*leaves, causal, None)
         return lambda: torch.autograd.grad(out, leaves, d_o, retain_graph=True)
     return lambda: torch.autograd.grad(sdpa_forward(*leaves, causal, None), leaves, d_o)
+
+
+def flex_row(q, k, v, causal: bool, passes: str, family):
+    """FlexAttention's row: (FLEX, call, context, "") or (FLEX, None, None, why). Compiled here, for this shape
+    and case, and run once (the compile) before the row is timed; the block mask is built once too. The mask
+    is flashcore's: bottom-right causal and window (query i sees key j iff i + Sk - Sq - left <= j <= i + Sk - Sq +
+    right), the softcap a score mod of c * tanh(s / c)."""
+    import contextlib
+
+    if family.sinks:
+        return (FLEX, None, None, "FlexAttention cannot add a sink to the softmax denominator")
+    try:
+        import torch
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as exc:
+        return (FLEX, None, None, f"FlexAttention could not be imported: {exc}")
+    left, right = family.window(causal)
+    sq, sk = q.shape[2], k.shape[2]
+    offset = sk - sq
+    block_mask = None
+    if (left, right) != (-1, -1):
+
+        def mask_mod(b, h, i, j):
+            diag = i + offset
+            visible = j >= 0
+            if left >= 0:
+                visible = visible & (j >= diag - left)
+            if right >= 0:
+                visible = visible & (j <= diag + right)
+            return visible
+
+        block_mask = create_block_mask(mask_mod, None, None, sq, sk, device=q.device)
+    score_mod = None
+    if family.softcap > 0:
+        cap = float(family.softcap)
+
+        def score_mod(score, b, h, i, j):
+            return cap * torch.tanh(score / cap)
+
+    compiled = torch.compile(flex_attention, dynamic=False)
+    gqa = q.shape[1] != k.shape[1]
+
+    def forward(q_, k_, v_):
+        return compiled(q_, k_, v_, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)
+
+    if passes == "fwd":
+        return (FLEX, lambda: forward(q, k, v), contextlib.nullcontext(), "")
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    d_o = torch.randn_like(q)
+    if passes == "bwd":
+        out = forward(*leaves)
+        return (FLEX, lambda: torch.autograd.grad(out, leaves, d_o, retain_graph=True), contextlib.nullcontext(), "")
+    return (FLEX, lambda: torch.autograd.grad(forward(*leaves), leaves, d_o), contextlib.nullcontext(), "")

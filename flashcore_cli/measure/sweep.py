@@ -78,13 +78,17 @@ def lost_point(job: PointJob, lost) -> dict:
 
 def point_rows(job: PointJob, rows: list, sdpa_median: float | None, gpu: str, gpu_name: str = "") -> list[dict]:
     """A point's rows as the record stores them: bench's row fields plus where on the axis and which GPU (the
-    visible GPU's index or UUID, as CUDA_VISIBLE_DEVICES names it, and its model)."""
+    visible GPU's index or UUID, as CUDA_VISIBLE_DEVICES names it, and its model). sdpa_median: the point's
+    baseline row's (SDPA default, or FlexAttention where SDPA cannot express the case: bench.baseline_for)."""
+    from flashcore_cli.measure.bench import baseline_for
     from flashcore_cli.registry.shapes import Case, pass_flops
 
     case = Case.from_dict(job.case)
-    flops = pass_flops(case.shape, case.causal, job.passes)
-    extra = {"seq_len": case.shape.seq_len, "shape": str(case.shape), "causal": case.causal, "gpu": gpu, "gpu_name": gpu_name}
-    return [{**row.as_dict(flops, sdpa_median), **extra} for row in rows]
+    flops = pass_flops(case.shape, case.causal, job.passes, case.family)
+    extra = {"seq_len": case.shape.seq_len, "shape": str(case.shape), "causal": case.causal, **case.family.as_dict(),
+             "gpu": gpu, "gpu_name": gpu_name}  # fmt: skip
+    baseline = baseline_for(case.family, case.causal)
+    return [{**row.as_dict(flops, sdpa_median, baseline=baseline), **extra} for row in rows]
 
 
 def require_matplotlib() -> None:
@@ -95,7 +99,8 @@ def require_matplotlib() -> None:
                              "`plot` extra), or leave out --plot") from None  # fmt: skip
 
 
-def plan_points(template: PointJob, variants: list[str], shapes, causal: bool, seed: int, dtype: str) -> list[PointJob]:
+def plan_points(template: PointJob, variants: list[str], shapes, causal: bool, seed: int, dtype: str,
+                family=None) -> list[PointJob]:  # fmt: skip
     """The template's point at every shape, for the references and then each variant; shape i's case has seed + i."""
     import dataclasses
 
@@ -103,7 +108,8 @@ def plan_points(template: PointJob, variants: list[str], shapes, causal: bool, s
 
     jobs = []
     for i, shape in enumerate(shapes):
-        case = Case(shape, causal, seed + i, dtype=dtype, grads=template.passes != DEFAULT_PASS).as_dict()
+        case = Case(shape, causal, seed + i, dtype=dtype, grads=template.passes != DEFAULT_PASS,
+                    **({"family": family} if family is not None else {})).as_dict()  # fmt: skip
         for name in [None, *variants]:
             jobs.append(dataclasses.replace(template, variant=name, case=case))
     return jobs
@@ -134,14 +140,16 @@ def measure_points(jobs: list[PointJob], gpus: list[str], on_point=None) -> tupl
 def sweep_rows(jobs: list[PointJob], results: list[dict], lane_of: dict[int, str]) -> list[dict]:
     """Every point's rows as the record stores them, each with its speedup against SDPA default at its shape and
     the GPU (lane and model) that measured it."""
-    from flashcore_cli.measure.references import SDPA_DEFAULT
+    from flashcore_cli.measure.bench import baseline_for
+    from flashcore_cli.registry.shapes import Case
 
     name_of = {lane_of[i]: r["gpu_name"] for i, r in enumerate(results) if r.get("gpu_name")}
-    sdpa_at = {
-        job.case["shape"]: next((r.median for r in result["rows"] if r.name == SDPA_DEFAULT and r.median), None)
-        for job, result in zip(jobs, results)
-        if job.variant is None
-    }
+    sdpa_at = {}
+    for job, result in zip(jobs, results):
+        if job.variant is None:
+            case = Case.from_dict(job.case)
+            base = baseline_for(case.family, case.causal)
+            sdpa_at[job.case["shape"]] = next((r.median for r in result["rows"] if r.name == base and r.median), None)
     return [
         row
         for i, (job, result) in enumerate(zip(jobs, results))

@@ -26,21 +26,24 @@ def variant_call(attn, case: Case, passes: str):
     preallocated gradients; fwd+bwd, the training forward and the backward."""
     import torch
 
-    from flashcore_cli.check.case import grad_output, make_inputs
+    from flashcore_cli.check.case import grad_output, make_inputs, make_sinks
 
     q, k, v = make_inputs(case)
+    sinks = make_sinks(case)
+    kwargs = {"causal": case.causal, **case.family.kwargs(case.causal), "sinks": sinks}
     if passes == "fwd":
         out = torch.empty_like(q)
-        return lambda: attn(q, k, v, causal=case.causal, out=out)
+        return lambda: attn(q, k, v, **kwargs, out=out)
     d_o = grad_output(case)
     grads = [torch.empty_like(t) for t in (q, k, v)]
+    dsinks = torch.empty_like(sinks) if sinks is not None else None
     if passes == "bwd":
-        o, lse, residual = attn.forward_train(q, k, v, causal=case.causal)
-        return lambda: attn.backward(d_o, q, k, v, o, lse, causal=case.causal, out_residual=residual, into=grads)
+        o, lse, residual = attn.forward_train(q, k, v, **kwargs)
+        return lambda: attn.backward(d_o, q, k, v, o, lse, **kwargs, out_residual=residual, into=grads, dsinks=dsinks)
 
     def forward_backward():
-        o, lse, residual = attn.forward_train(q, k, v, causal=case.causal)
-        return attn.backward(d_o, q, k, v, o, lse, causal=case.causal, out_residual=residual, into=grads)
+        o, lse, residual = attn.forward_train(q, k, v, **kwargs)
+        return attn.backward(d_o, q, k, v, o, lse, **kwargs, out_residual=residual, into=grads, dsinks=dsinks)
 
     return forward_backward
 
@@ -55,12 +58,14 @@ def time_variant(attn, case: Case, request: WorkRequest, emit) -> None:
     alone = lambda mode: (time_callable(call, mode=mode, reps=request.reps, warmup=request.warmup), None)  # noqa: E731
     if not request.pair:
         _time_modes(attn, case, request, emit, alone)
+        _time_plain(attn, case, request, emit)
         return
     from flashcore_cli.check.case import make_inputs
     from flashcore_cli.measure.references import reference_functions
 
     q, k, v = make_inputs(case)
-    rows = {name: (fn, context, why) for name, fn, context, why in reference_functions(q, k, v, case.causal, request.passes)}
+    rows = {name: (fn, context, why)
+            for name, fn, context, why in reference_functions(q, k, v, case.causal, request.passes, case.family)}  # fmt: skip
     fn, context, why_not = rows.get(request.pair, (None, None, f"no reference row is named {request.pair!r}"))
     # entered once, around everything (a backend pin is a one-shot context manager); the variant makes no SDPA call
     with context or contextlib.nullcontext():
@@ -75,6 +80,27 @@ def time_variant(attn, case: Case, request: WorkRequest, emit) -> None:
             return
         paired = lambda mode: time_pair(call, fn, mode=mode, reps=request.reps, warmup=request.warmup)  # noqa: E731
         _time_modes(attn, case, request, emit, paired, f" paired with {request.pair}")
+    _time_plain(attn, case, request, emit)
+
+
+def _time_plain(attn, case: Case, request: WorkRequest, emit) -> None:
+    """For a case with a window, softcap or sinks: the same call without them ("plain-timing"), so that a bench run
+    says what the family costs the variant against its own dense or causal call, in the same worker."""
+    import dataclasses
+
+    from flashcore_cli.measure.modes import time_callable
+    from flashcore_cli.measure.timing import TimingError
+    from flashcore_cli.registry.family import DENSE
+
+    if case.family.is_dense(case.causal):
+        return
+    call = variant_call(attn, dataclasses.replace(case, family=DENSE), request.passes)
+    for mode in request_modes(request):
+        try:
+            timing = time_callable(call, mode=mode, reps=request.reps, warmup=request.warmup)
+        except TimingError:
+            continue  # the family's own row already says why this mode cannot time it
+        emit(Event.PLAIN_TIMING, name=attn.name, **timing.as_dict())
 
 
 def _time_modes(attn, case: Case, request: WorkRequest, emit, measure, what: str = "") -> None:
@@ -116,7 +142,7 @@ def time_references(request: WorkRequest, emit) -> None:
     q, k, v = make_inputs(case)
     modes = request_modes(request)
     flusher = L2Flusher() if needs_flusher(modes) else None  # one for every row, made before any is timed
-    for name, fn, context, why_not in reference_functions(q, k, v, case.causal, request.passes):
+    for name, fn, context, why_not in reference_functions(q, k, v, case.causal, request.passes, case.family):
         if fn is None:
             emit(Event.REFERENCE_SKIPPED, name=name, reason=why_not)  # no mode: skipped in every mode
             continue

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from flashcore_cli.core.dtypes import ALIASES, DEFAULT_DTYPE, DTYPES
 from flashcore_cli.core.errors import FlashcoreError
 from flashcore_cli.core.passes import DEFAULT_PASS, PASSES
+from flashcore_cli.registry.family import DENSE, Family, window_pairs
 
 MISSION_SHAPE = "1,8,512,64"
 
@@ -75,11 +76,12 @@ class Case:
     inputs: str = "randn"
     dtype: str = DEFAULT_DTYPE  # DTYPES
     grads: bool = False  # check dq, dk, dv too (variants with a backward)
+    family: Family = DENSE  # window, softcap, sinks (registry/family.py)
 
     def label(self) -> str:
         inputs = "" if self.inputs == "randn" else " " + self.inputs
-        return (f"{self.shape}{' causal' if self.causal else ''}{inputs}{'' if self.dtype == DEFAULT_DTYPE else ' ' + self.dtype}"
-                f"{' +grads' if self.grads else ''}")  # fmt: skip
+        return (f"{self.shape}{' causal' if self.causal else ''}{self.family.label(self.causal)}{inputs}"
+                f"{'' if self.dtype == DEFAULT_DTYPE else ' ' + self.dtype}{' +grads' if self.grads else ''}")  # fmt: skip
 
     def as_dict(self) -> dict:
         """Defaults left out, so an fp16 randn forward case reads as it did before cases had kinds and dtypes."""
@@ -90,17 +92,18 @@ class Case:
             d["dtype"] = self.dtype
         if self.grads:
             d["grads"] = True
+        d.update(self.family.as_dict())
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Case":
         return cls(parse_shape(d["shape"]), bool(d["causal"]), int(d["seed"]), str(d.get("inputs", "randn")),
-                   str(d.get("dtype", DEFAULT_DTYPE)), bool(d.get("grads", False)))  # fmt: skip
+                   str(d.get("dtype", DEFAULT_DTYPE)), bool(d.get("grads", False)), Family.from_dict(d))  # fmt: skip
 
     def needs(self) -> dict:
         """What of a variant this case needs beyond head dim, causal and dtype (Variant.unsupported_reason)."""
         return {"gqa": self.shape.gqa, "seqlen_kv": self.shape.other_kv_len, "backward": self.grads,
-                "seq_len": self.shape.seq_len}  # fmt: skip
+                "seq_len": self.shape.seq_len, **self.family.needs(self.causal)}  # fmt: skip
 
 
 def parse_dtype(text: str) -> str:
@@ -196,6 +199,43 @@ EXTREME_GQA_SHAPES = [
 ]
 
 
+# The attention family's odd cases (registry/family.py), run for a variant that declares any of window, softcap or
+# sinks (a case that needs a feature it lacks SKIPs with the reason): (B, Hq, Hkv, Sq, Sk, causal, Family, inputs).
+# Windows of one key, of more than the sequence, non-causal two-sided, windows that leave rows empty (Sq > Sk, or a
+# window that ends before key 0), softcaps with logits far past the cap, sinks far above and below the row maxima
+# (make_sinks draws every third head +15 and every third -15), the three together on grouped, uneven shapes, and
+# decode's rows (Sq <= 16) under a window.
+FAMILY_CASES = [
+    (1, 4, 4, 1000, 1000, True, Family(128), "randn"),
+    (1, 4, 4, 1000, 1000, False, Family(64, 64), "randn"),
+    (2, 3, 3, 97, 97, True, Family(0), "randn"),
+    (1, 2, 2, 300, 300, True, Family(5000), "randn"),
+    (1, 2, 2, 300, 100, False, Family(5, 5), "randn"),
+    (1, 6, 2, 300, 128, True, Family(32), "randn"),
+    (1, 2, 2, 300, 300, True, Family(16), "one-hot"),
+    (1, 4, 4, 256, 256, True, Family(softcap=50.0), "large"),
+    (2, 8, 2, 200, 333, False, Family(softcap=30.0), "randn"),
+    (1, 6, 6, 512, 512, False, Family(sinks=True), "randn"),
+    (2, 6, 3, 97, 1025, True, Family(sinks=True), "large"),
+    (1, 3, 3, 97, 97, False, Family(sinks=True), "uniform"),
+    (1, 3, 3, 17, 17, False, Family(2, 0, sinks=True), "randn"),
+    (2, 16, 8, 100, 1200, True, Family(256, softcap=20.0, sinks=True), "randn"),
+    (1, 4, 4, 777, 777, True, Family(200, softcap=50.0, sinks=True), "large"),
+    (3, 32, 8, 1, 4099, True, Family(1024, sinks=True), "randn"),
+    (1, 32, 8, 4, 1000, True, Family(100), "randn"),
+    (2, 16, 2, 16, 600, False, Family(7, 3, sinks=True), "randn"),
+    (1, 8, 8, 16, 5, True, Family(2, sinks=True), "randn"),
+]
+
+
+def family_cases(head_dims, base_seed: int, dtype: str = DEFAULT_DTYPE) -> list[Case]:
+    cases = []
+    for d in head_dims:
+        for b, h, hkv, sq, sk, causal, family, inputs in FAMILY_CASES:
+            cases.append(Case(Shape(b, h, sq, d, hkv, sk), causal, base_seed + len(cases), inputs, dtype, family=family))
+    return cases
+
+
 def default_cases(head_dims, base_seed: int, dtype: str = DEFAULT_DTYPE) -> list[Case]:
     cases = expand_cases([Shape(b, h, s, d) for d in head_dims for (b, h, s) in DEFAULT_SHAPES], base_seed, dtype=dtype)
     for d in head_dims:
@@ -219,10 +259,13 @@ def expand_cases(shapes: list[Shape], base_seed: int, causal_modes=(False, True)
     return cases
 
 
-def visible_pairs(shape: Shape, causal: bool) -> float:
+def visible_pairs(shape: Shape, causal: bool, family: Family = DENSE) -> float:
     """(query, key) pairs the scores are computed for, per head: Sq * Sk, or under causal masking S^2 / 2 when
-    Sq = Sk (the FlashAttention convention) and the exact count of j <= i + Sk - Sq otherwise."""
+    Sq = Sk (the FlashAttention convention) and the exact count of j <= i + Sk - Sq otherwise; under a sliding
+    window, the exact count of the pairs it leaves visible."""
     sq, sk = shape.seq_len, shape.seq_len_kv
+    if family.has_window(causal):
+        return window_pairs(sq, sk, family.window(causal))
     if not causal:
         return float(sq * sk)
     if sq == sk:
@@ -235,9 +278,19 @@ def visible_pairs(shape: Shape, causal: bool) -> float:
     return float(partial + (sq - first_full) * sk)
 
 
-def attention_flops(shape: Shape, causal: bool) -> float:
+def attention_flops(shape: Shape, causal: bool, family: Family = DENSE) -> float:
     """4 B Hq D x the visible (query, key) pairs: two matmuls of 2 flops per multiply-add (the forward)."""
-    return 4.0 * shape.batch * shape.heads * shape.head_dim * visible_pairs(shape, causal)
+    return 4.0 * shape.batch * shape.heads * shape.head_dim * visible_pairs(shape, causal, family)
+
+
+def visible_keys(shape: Shape, causal: bool, family: Family = DENSE) -> int:
+    """The keys at least one query row sees (per K/V head), which a kernel that skips what a window hides need
+    not read: all Sk but under a window's left edge. The last row's diagonal is key Sk - 1, which it always sees;
+    each row's window moves right with it, so the union runs from the first row's first key to Sk - 1."""
+    left = family.window(causal)[0]
+    if left < 0:
+        return shape.seq_len_kv
+    return shape.seq_len_kv - max(0, shape.seq_len_kv - shape.seq_len - left)
 
 
 # FLOPs of a pass (core/passes.py): a backward's are 2.5 x the forward's (FlashAttention's convention: five
@@ -252,15 +305,16 @@ def parse_pass(text: str) -> str:
     return value
 
 
-def pass_flops(shape: Shape, causal: bool, passes: str = DEFAULT_PASS) -> float:
-    return attention_flops(shape, causal) * PASS_FLOP_FACTOR[passes]
+def pass_flops(shape: Shape, causal: bool, passes: str = DEFAULT_PASS, family: Family = DENSE) -> float:
+    return attention_flops(shape, causal, family) * PASS_FLOP_FACTOR[passes]
 
 
-def pass_bytes(shape: Shape, passes: str = DEFAULT_PASS) -> float:
+def pass_bytes(shape: Shape, passes: str = DEFAULT_PASS, causal: bool = False, family: Family = DENSE) -> float:
     """The bytes a pass must move at the least (16-bit elements): the forward reads Q, K, V and writes O; the
-    backward reads Q, K, V, O, dO and writes dQ, dK, dV; both, the sum."""
+    backward reads Q, K, V, O, dO and writes dQ, dK, dV; both, the sum. Under a window, only the K/V rows some
+    query sees (visible_keys)."""
     q = shape.batch * shape.heads * shape.seq_len * shape.head_dim
-    kv = shape.batch * shape.heads_kv * shape.seq_len_kv * shape.head_dim
+    kv = shape.batch * shape.heads_kv * visible_keys(shape, causal, family) * shape.head_dim
     forward = 2 * q + 2 * kv
     backward = 4 * q + 4 * kv
     return 2.0 * {"fwd": forward, "bwd": backward, "fwd+bwd": forward + backward}[passes]

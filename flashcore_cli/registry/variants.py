@@ -76,6 +76,9 @@ FEATURE_HELP = {
     "seqlen_kv": "a key sequence of another length than the queries'",
     "lse": "the row log-sum-exp",
     "backward": "a backward (it is forward-only)",
+    "window": "a sliding window (window_size other than causal's or none)",
+    "softcap": "a logit softcap",
+    "sinks": "attention sinks",
 }
 
 
@@ -146,9 +149,11 @@ class Variant:
 
     def unsupported_reason(self, head_dim: int, causal: bool, arch: str | None = None, dtype: str = DEFAULT_DTYPE, *,
                            gqa: bool = False, seqlen_kv: bool = False, backward: bool = False,
-                           seq_len: int | None = None) -> str | None:  # fmt: skip
+                           seq_len: int | None = None, window: bool = False, softcap: bool = False,
+                           sinks: bool = False) -> str | None:  # fmt: skip
         """Why this variant cannot run a case (on a GPU of `arch`, when given; in `dtype`; with fewer key/value
-        heads than query heads, keys of another length, a backward), or None when it can."""
+        heads than query heads, keys of another length, a backward, the family's window, softcap or sinks), or
+        None when it can."""
         if arch is not None and self.target_arch(arch) is None:
             return f"{self.name} runs on {self.runs_on()} only; this GPU is {arch}"
         if dtype not in self.dtypes:
@@ -160,21 +165,25 @@ class Variant:
             return f"causal masking is not supported by {self.name}"
         if seq_len is not None and self.max_seq_len is not None and seq_len > self.max_seq_len:
             return f"{seq_len} query rows: {self.name} takes at most {self.max_seq_len} (a decode kernel)"
-        for feature, wanted in (("gqa", gqa), ("seqlen_kv", seqlen_kv), ("backward", backward)):
+        wanted_features = (("gqa", gqa), ("seqlen_kv", seqlen_kv), ("backward", backward), ("window", window),
+                           ("softcap", softcap), ("sinks", sinks))  # fmt: skip
+        for feature, wanted in wanted_features:
             if wanted and not self.supports(feature):
                 return f"{FEATURE_HELP[feature]} is not supported by {self.name}" if feature != "backward" else (
                     f"{self.name} is forward-only: it has no backward")  # fmt: skip
         return None
 
 
-def require_runnable(variants, shapes, *, causal: bool | None, dtype: str = DEFAULT_DTYPE, backward: bool = False) -> None:
+def require_runnable(variants, shapes, *, causal: bool | None, dtype: str = DEFAULT_DTYPE, backward: bool = False,
+                     family=None) -> None:  # fmt: skip
     """One FlashcoreError when none of `variants` runs any of `shapes` (causal None: either way): a shape or
     head dim that nothing asked for can run is a bad value, said before anything asks for a GPU."""
     reasons = []
     for shape in shapes:
         for v in variants:
             found = [v.unsupported_reason(shape.head_dim, c, dtype=dtype, gqa=shape.gqa, seqlen_kv=shape.other_kv_len,
-                                          backward=backward, seq_len=shape.seq_len)
+                                          backward=backward, seq_len=shape.seq_len,
+                                          **(family.needs(c) if family is not None else {}))
                      for c in ((False, True) if causal is None else (causal,))]  # fmt: skip
             if None in found:
                 return
