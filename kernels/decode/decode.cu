@@ -41,7 +41,7 @@
 // ptxas (nvcc 13.0; no spills or stack), registers sm_90 | sm_89, fp16 and bf16 alike, softcap false | true:
 //   decode_split_kv_tma<64>  116, 116 | (sm_90 only)    decode_split_kv_tma<128>  168, 168 | (sm_90 only)
 //   decode_split_kv<64>      114, 112 | 119, 119        decode_split_kv<128>      168, 168 | 168, 168
-//   decode_combine<64|128>    40 | 44, 6 KB of static shared memory (one CTA of 128 threads per query row)
+//   decode_combine<64>        40 | 44, <128> 39 | 48, 6 KB of static shared memory (one CTA of 128 threads per row)
 //
 // Measured (H200, `flashcore bench decode v11 v12 --shape ...`, cold mode; the record docs/results/h200.json;
 // GB/s = Q, K, V, O bytes / time, K and V nearly all of it):

@@ -89,7 +89,7 @@ __device__ __forceinline__ void warp_scores(float (&s)[2][4], const uint32_t (&q
 // row_keys), and the warp steps that need no mask: key0 in [clear_lo, clear_lo + clear_span], the steps whose
 // kWarpKeys keys every query of the group sees (query S - 1's first key to query 0's last). One unsigned compare
 // per step, as the single causal edge had; clear_lo = -1, clear_span = 0 masks every step (none qualifies).
-// Host code too, so that a host program can check the masks against flashcore.h's fc::key_visible.
+// Host code too, so that a host program can check the masks without a GPU.
 struct KeyLimits {
   int first_key[2];
   int last_key[2];
@@ -213,7 +213,7 @@ __device__ __forceinline__ void consume_tiles(RowState<Cfg>& rows, const uint32_
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     fc::mbarrier_wait_parity(&full[stage], phase);
     const int key0 = tile * Cfg::kBlockN + key_in_tile;
-    // S = Q_i K_j^T (capped); -inf past S_kv and outside each row's window: a run's first and last steps only
+    // S = Q_i K_j^T (capped); -inf past S_kv and outside each row's window: the steps at the window's edges only
     float s[2][4];
     warp_scores<Cfg, T>(s, q, k_lane + stage * Cfg::kStageBytes, lane);
     if constexpr (kSoftcap) cap_scores(s, softcap, cap_scale);
