@@ -8,7 +8,10 @@
 //                overlaps their tail.
 // Merge of parts p with m_p (log2 units), l_p and O_p: m = max_p m_p, w_p = exp2(m_p - m),
 //   O = sum_p w_p O_p / sum_p w_p l_p,   LSE = (m + log2 sum_p w_p l_fp32_p) * ln 2.
-// A row no part saw (m = -inf; only causal rows with i + S_kv < S) gets O = 0 and LSE = +inf.
+// A row no part saw (m = -inf: a window or causal mask that leaves query i no key, i + S_kv < S) gets O = 0 and
+// LSE = +inf. A query head's sink (p.sinks) joins the row's denominator once, where O is written (store_output:
+// the CTA's merge with one split, the combine with several; never in a record): LSE' = log(exp(LSE) + exp(sink)),
+// O' = O exp(LSE - LSE'); a row that saw no key gets O = 0 and LSE = its sink.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,10 +22,17 @@
 #include "decode/split.cuh"
 #include "decode/tile.cuh"
 #include "common/fa2_fragments.cuh"
+#include "common/family.cuh"
 
 namespace fc::decode {
 
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// The sink of row r of K/V head kv_head's group (p.sinks given) in log2 units.
+__device__ __forceinline__ float sink_log2(const FlashcoreParams& p, int kv_head, int r) {
+  return p.sinks[query_head(p, kv_head, r)] * kLog2e;
+}
 
 // griddepcontrol (sm_90+; no-ops below, where the combine is an ordinary stream-ordered launch).
 __device__ __forceinline__ void allow_dependent_launch() {
@@ -65,18 +75,27 @@ __device__ __forceinline__ float merge_warps(Stat stat, Part part, int c, float&
   return m;
 }
 
-// O = acc / l as 8 elements of T (16 bytes) at o_chunk; with lse (chunk 0's thread only), the row's LSE.
+// O = acc / l as 8 elements of T (16 bytes) at o_chunk; with lse (chunk 0's thread only), the row's LSE. sink2:
+// the row's sink in log2 units, -inf for none. O divides by the rounded P's sum (one-hot rows stay exact); a
+// sink then scales it by exp2(lse2 - lse2'), lse2 = m + log2 l_fp32 the LSE without it, lse2' with it
+// (fc::finish_row_log2: o_scale = exp2(m - lse2')).
 template <class T>
-__device__ __forceinline__ void store_output(__half* o_chunk, float* lse, float m, float l, float l_fp32,
+__device__ __forceinline__ void store_output(__half* o_chunk, float* lse, float m, float l, float l_fp32, float sink2,
                                              const float (&acc)[8]) {
-  const float inv_l = l > 0.f ? 1.f / l : 0.f;
+  float inv_l = l > 0.f ? 1.f / l : 0.f;
+  float lse2 = m == -INFINITY ? INFINITY : m + __log2f(l_fp32);
+  if (sink2 != -INFINITY) {
+    float o_scale;  // 0 for a row that saw no key
+    lse2 = fc::finish_row_log2(m, l_fp32, sink2, o_scale);
+    inv_l *= l_fp32 * o_scale;
+  }
   uint4 out;
   out.x = fc::Element<T>::pack(acc[0] * inv_l, acc[1] * inv_l);
   out.y = fc::Element<T>::pack(acc[2] * inv_l, acc[3] * inv_l);
   out.z = fc::Element<T>::pack(acc[4] * inv_l, acc[5] * inv_l);
   out.w = fc::Element<T>::pack(acc[6] * inv_l, acc[7] * inv_l);
   *reinterpret_cast<uint4*>(o_chunk) = out;
-  if (lse != nullptr) *lse = m == -INFINITY ? INFINITY : (m + __log2f(l_fp32)) * kLn2;
+  if (lse != nullptr) *lse = lse2 * kLn2;
 }
 
 // A warp's rows into the CTA merge buffers: stats [kConsumerWarps][16] float4 (m_i * scale_log2, l_i,
@@ -115,7 +134,7 @@ __device__ __forceinline__ void store_cta_rows(const float4* stats, const float*
         [&](int w) { return o_part + (w * Cfg::kBlockM + r) * Cfg::kOStride; }, c, l, l_fp32, acc);
     if (plan.splits == 1) {
       store_output<T>(fc::tensor<__half>(p.o) + row * Cfg::kHeadDim + 8 * c, c == 0 && p.lse != nullptr ? p.lse + row : nullptr, m, l,
-                      l_fp32, acc);
+                      l_fp32, p.sinks != nullptr ? sink_log2(p, work.kv_head, work.row0 + r) : -INFINITY, acc);
     } else {
       float* record = static_cast<float*>(p.workspace) + record_offset(plan, row, work.split, Cfg::kHeadDim);
       reinterpret_cast<float4*>(record + 8 * c)[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -196,8 +215,9 @@ __device__ __forceinline__ void combine_row(const FlashcoreParams& p, const Spli
     acc[0] += a.x; acc[1] += a.y; acc[2] += a.z; acc[3] += a.w;
     acc[4] += b.x; acc[5] += b.y; acc[6] += b.z; acc[7] += b.w;
   }
+  const float sink2 = p.sinks != nullptr ? sink_log2(p, blockIdx.x / plan.rows, blockIdx.x % plan.rows) : -INFINITY;
   store_output<T>(fc::tensor<__half>(p.o) + row * Cfg::kHeadDim + 8 * c, c == 0 && p.lse != nullptr ? p.lse + row : nullptr, m, l, l_fp32,
-                  acc);
+                  sink2, acc);
 }
 
 }  // namespace fc::decode

@@ -17,6 +17,13 @@
 // launched as a programmatic dependent so its launch overlaps the split kernel's tail. LSE sums the unrounded
 // fp32 P beside l_i (the rounded P that O divides by, which keeps one-hot rows exact).
 //
+// The attention family (flashcore.h): a sliding window is planned over the keys the rows see, not the cache
+// (decode/split.cuh's visible_range: a 4096-key window over a 131072-key cache launches and streams the 65 tiles
+// of its 4097 keys, as a 4096-key cache would its 64), and masked only on the warp steps its two edges cut (one
+// unsigned compare per step, as the causal edge alone had; decode/tile.cuh). A query head's sink joins the row's
+// denominator where O is written, once (decode/combine.cuh). The softcap is a second instantiation of the split
+// kernels (kSoftcap: c tanh(s / c) on MUFU before the masks), so the plain ones keep their inner loop.
+//
 // Configuration (DecodeConfig below; the numbers behind it are written where it is defined):
 //   D    Br  Bc  consumer warps  stages x bytes   smem    CTAs/SM (H100/H200 | L4)
 //   64   16  64  4 (+1 producer)   6 x 16 KB      96 KB     2 | 1
@@ -31,10 +38,10 @@
 // Run:  flashcore test decode && flashcore bench decode --shape 8,32:8,1:8192,128
 //       (also 64,32:8,1:4096,128  1,32:8,1:131072,128  16,64:8,1:16384,128  4,32:8,4:16384,128)
 //
-// ptxas (nvcc 13.0; no spills or stack), registers sm_90 | sm_89, fp16 and bf16 alike:
-//   decode_split_kv_tma<64>  114 | (sm_90 only)    decode_split_kv_tma<128>  168 | (sm_90 only)
-//   decode_split_kv<64>      114 | 120             decode_split_kv<128>      168 | 168
-//   decode_combine<64|128>    40 | 44, 6 KB of static shared memory (one CTA of 128 threads per query row)
+// ptxas (nvcc 13.0; no spills or stack), registers sm_90 | sm_89, fp16 and bf16 alike, softcap false | true:
+//   decode_split_kv_tma<64>  116, 116 | (sm_90 only)    decode_split_kv_tma<128>  168, 168 | (sm_90 only)
+//   decode_split_kv<64>      114, 112 | 119, 119        decode_split_kv<128>      168, 168 | 168, 168
+//   decode_combine<64>        40 | 44, <128> 39 | 48, 6 KB of static shared memory (one CTA of 128 threads per row)
 //
 // Measured (H200, `flashcore bench decode v11 v12 --shape ...`, cold mode; the record docs/results/h200.json;
 // GB/s = Q, K, V, O bytes / time, K and V nearly all of it):
@@ -75,7 +82,6 @@
 
 constexpr int kMaxSmemBytes = 101376;  // the L4's 99 KB opt-in limit per block
 constexpr int kRingBytes = DECODE_RING_KB * 1024;  // 96 KB: two CTAs fit an H100's 228 KB, one the L4's 99 KB
-constexpr float kLog2e = 1.4426950408889634f;
 
 // The CTA: 16 query rows (Br, one m16 tile), a ring of 64-key stages (Bc), four consumer warps that each
 // take 16 keys of every stage, one producer warp. Why these numbers:
@@ -124,8 +130,8 @@ struct DecodeConfig {
 };
 
 // One CTA: (K/V head, split, m-block) from the plan. kTma: the producer loads by TMA through the maps
-// (sm_90), else by cp.async.
-template <class Cfg, class T, bool kTma>
+// (sm_90), else by cp.async. kSoftcap: the scores are capped (p.softcap > 0).
+template <class Cfg, class T, bool kTma, bool kSoftcap>
 __device__ __forceinline__ void decode_attend(const FlashcoreParams& p, const fc::decode::Split& plan,
                                               const CUtensorMap* map_k, const CUtensorMap* map_v) {
   using namespace fc::decode;
@@ -166,10 +172,12 @@ __device__ __forceinline__ void decode_attend(const FlashcoreParams& p, const fc
   fc::QFragments<Cfg> q_frag;
   fc::load_q_fragments_global<Cfg>(q_frag, q, work.row0, plan.rows, lane);
 
-  const float scale_log2 = p.scale * kLog2e;
+  // exp2's factor on a score: the raw q.k's scale * log2 e, or log2 e on a capped score (the scale is inside it)
+  const float scale_log2 = kSoftcap ? kLog2e : p.scale * kLog2e;
   RowState<Cfg> rows;
-  consume_tiles<Cfg, T>(rows, q_frag[0], fc::smem_addr(smem), full, empty, work.tile_begin, work.tile_end,
-                        key_limits(work.row0, p.seq_len, p.seq_len_kv, p.causal, lane), scale_log2, warp, lane);
+  consume_tiles<Cfg, T, kSoftcap>(rows, q_frag[0], fc::smem_addr(smem), full, empty, work.tile_begin, work.tile_end,
+                                  key_limits<Cfg::kWarpKeys>(p, work.row0, lane), scale_log2, p.softcap,
+                                  kSoftcap ? p.scale / p.softcap : 0.f, warp, lane);
 
   // Merge the four warps' rows through shared memory (the ring's bytes: every tile has landed and been read).
   fc::named_barrier_sync(1, Cfg::kConsumerThreads);
@@ -180,19 +188,19 @@ __device__ __forceinline__ void decode_attend(const FlashcoreParams& p, const fc
   store_cta_rows<Cfg, T>(stats, o_part, p, plan, work, tid);
 }
 
-template <int kHeadDim, class T>
+template <int kHeadDim, class T, bool kSoftcap>
 __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads, DecodeConfig<kHeadDim>::kMinBlocks)
     decode_split_kv(FlashcoreParams p, fc::decode::Split plan) {
-  decode_attend<DecodeConfig<kHeadDim>, T, false>(p, plan, nullptr, nullptr);
+  decode_attend<DecodeConfig<kHeadDim>, T, false, kSoftcap>(p, plan, nullptr, nullptr);
 }
 
 // The tensor maps are kernel parameters (__grid_constant__: TMA reads them where they are). Only an
 // sm_90+ build instantiates this kernel (fc::kBuildsSm90 in the launcher and the plan).
-template <int kHeadDim, class T>
+template <int kHeadDim, class T, bool kSoftcap>
 __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads, DecodeConfig<kHeadDim>::kMinBlocks)
     decode_split_kv_tma(FlashcoreParams p, fc::decode::Split plan, const __grid_constant__ CUtensorMap map_k,
                         const __grid_constant__ CUtensorMap map_v) {
-  decode_attend<DecodeConfig<kHeadDim>, T, true>(p, plan, &map_k, &map_v);
+  decode_attend<DecodeConfig<kHeadDim>, T, true, kSoftcap>(p, plan, &map_k, &map_v);
 }
 
 template <int kHeadDim, class T>
@@ -221,10 +229,13 @@ static int ctas_per_sm() {
   return ctas;
 }
 
+// The plan over the keys the call's rows see (fc::decode::visible_range: the window's under a window): the grid,
+// the split kernel and flashcore_forward_workspace all read this one.
 template <class Cfg>
 static fc::decode::Split plan_for(const FlashcoreParams& p) {
-  return fc::decode::plan_split(p.batch * p.heads_kv, p.heads / p.heads_kv * p.seq_len, p.seq_len_kv, Cfg::kBlockM,
-                                Cfg::kBlockN, fc::sm_count() * ctas_per_sm<Cfg>());
+  const fc::Range keys = fc::decode::visible_range(p);
+  return fc::decode::plan_split(p.batch * p.heads_kv, p.heads / p.heads_kv * p.seq_len, keys.begin, keys.end,
+                                Cfg::kBlockM, Cfg::kBlockN, fc::sm_count() * ctas_per_sm<Cfg>());
 }
 
 // Raising a kernel's shared-memory limit is a driver call: once per process and kernel.
@@ -246,45 +257,52 @@ static bool encode_kv_map(CUtensorMap* map, const void* base, const FlashcorePar
                               Cfg::kPanels);
 }
 
-// The split kernel by TMA; *launched stays false when the maps cannot be made (no error: cp.async then).
+// The K and V maps for these tensors, made on the host for each new pair and reused by a loop over the same ones;
+// nullptr when the driver refuses them (the caller then takes the cp.async kernel).
 template <class Cfg, class T>
-static const char* launch_split_tma(const FlashcoreParams& p, const fc::decode::Split& plan, cudaStream_t stream,
-                                    bool* launched) {
-  *launched = false;
-  constexpr auto kernel = decode_split_kv_tma<Cfg::kHeadDim, T>;
-  if (const char* err = allow_smem_once<kernel, Cfg::kSmemBytes>()) return err;
-  // Made on the host for each new pair of tensors; a loop over the same ones reuses them.
+static const CUtensorMap* kv_maps(const FlashcoreParams& p) {
   static thread_local struct {
     const void* k = nullptr;
     const void* v = nullptr;
     int seq_len_kv = 0, kv_heads = 0;
-    CUtensorMap map_k, map_v;
+    CUtensorMap maps[2];  // K, V
   } last;
   const int kv_heads = p.batch * p.heads_kv;
   if (last.k != p.k || last.v != p.v || last.seq_len_kv != p.seq_len_kv || last.kv_heads != kv_heads) {
     last.k = nullptr;  // no valid pair until both maps are made
-    if (!encode_kv_map<Cfg, T>(&last.map_k, p.k, p) || !encode_kv_map<Cfg, T>(&last.map_v, p.v, p)) return nullptr;
+    if (!encode_kv_map<Cfg, T>(&last.maps[0], p.k, p) || !encode_kv_map<Cfg, T>(&last.maps[1], p.v, p)) return nullptr;
     last.k = p.k;
     last.v = p.v;
     last.seq_len_kv = p.seq_len_kv;
     last.kv_heads = kv_heads;
   }
+  return last.maps;
+}
+
+// The split kernel by TMA; *launched stays false when the maps cannot be made (no error: cp.async then).
+template <class Cfg, class T, bool kSoftcap>
+static const char* launch_split_tma(const FlashcoreParams& p, const fc::decode::Split& plan, cudaStream_t stream,
+                                    bool* launched) {
+  *launched = false;
+  constexpr auto kernel = decode_split_kv_tma<Cfg::kHeadDim, T, kSoftcap>;
+  if (const char* err = allow_smem_once<kernel, Cfg::kSmemBytes>()) return err;
+  const CUtensorMap* maps = kv_maps<Cfg, T>(p);
+  if (maps == nullptr) return nullptr;
   *launched = true;
-  kernel<<<static_cast<unsigned>(plan.ctas()), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, plan, last.map_k,
-                                                                                          last.map_v);
+  kernel<<<static_cast<unsigned>(plan.ctas()), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, plan, maps[0], maps[1]);
   return fc::launch_status();
 }
 
-template <class Cfg, class T>
+template <class Cfg, class T, bool kSoftcap>
 static const char* launch_split(const FlashcoreParams& p, const fc::decode::Split& plan, cudaStream_t stream) {
   if constexpr (fc::kBuildsSm90) {
     if (fc::tensor_map_encoder() != nullptr) {
       bool launched = false;
-      const char* err = launch_split_tma<Cfg, T>(p, plan, stream, &launched);
+      const char* err = launch_split_tma<Cfg, T, kSoftcap>(p, plan, stream, &launched);
       if (launched || err != nullptr) return err;
     }
   }
-  constexpr auto kernel = decode_split_kv<Cfg::kHeadDim, T>;
+  constexpr auto kernel = decode_split_kv<Cfg::kHeadDim, T, kSoftcap>;
   if (const char* err = allow_smem_once<kernel, Cfg::kSmemBytes>()) return err;
   kernel<<<static_cast<unsigned>(plan.ctas()), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, plan);
   return fc::launch_status();
@@ -314,7 +332,9 @@ static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
   if (plan.splits > 1 && p.workspace == nullptr) {
     return fc::message("decode: %d splits need flashcore_forward_workspace(p) bytes of workspace", plan.splits);
   }
-  if (const char* err = launch_split<Cfg, T>(p, plan, stream)) return err;
+  const char* err = p.softcap > 0.f ? launch_split<Cfg, T, true>(p, plan, stream)
+                                     : launch_split<Cfg, T, false>(p, plan, stream);
+  if (err != nullptr) return err;
   return plan.splits > 1 ? launch_combine<Cfg, T>(p, plan, stream) : nullptr;
 }
 
@@ -354,9 +374,13 @@ template <int kHeadDim, class T>
 static int plan_of(FlashcoreKernelPlan* out) {
   using Cfg = DecodeConfig<kHeadDim>;
   int count = 0;
-  out[count++] = {FC_PLAN_NAME(decode_split_kv, kHeadDim, fc::type_name<T>()), Cfg::kThreads, Cfg::kSmemBytes};
-  if (fc::kBuildsSm90) {
-    out[count++] = {FC_PLAN_NAME(decode_split_kv_tma, kHeadDim, fc::type_name<T>()), Cfg::kThreads, Cfg::kSmemBytes};
+  for (const bool softcap : {false, true}) {
+    out[count++] = {FC_PLAN_NAME(decode_split_kv, kHeadDim, fc::type_name<T>(), softcap), Cfg::kThreads,
+                    Cfg::kSmemBytes};
+    if (fc::kBuildsSm90) {
+      out[count++] = {FC_PLAN_NAME(decode_split_kv_tma, kHeadDim, fc::type_name<T>(), softcap), Cfg::kThreads,
+                      Cfg::kSmemBytes};
+    }
   }
   out[count++] = {FC_PLAN_NAME(decode_combine, kHeadDim, fc::type_name<T>()), fc::decode::kCombineThreads, 0};
   return count;
@@ -364,7 +388,7 @@ static int plan_of(FlashcoreKernelPlan* out) {
 
 // fp16's kernels, then bf16's.
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
-  FlashcoreKernelPlan all[6];
+  FlashcoreKernelPlan all[10];
   int count = 0;
   if (head_dim == 64) {
     count += plan_of<64, __half>(all + count);
@@ -380,6 +404,8 @@ int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
 
 int flashcore_dtypes() { return (1 << kFlashcoreFloat16) | (1 << kFlashcoreBFloat16); }
 
-int flashcore_features() { return kFlashcoreGqa | kFlashcoreSeqLenKv | kFlashcoreLse; }
+int flashcore_features() {
+  return kFlashcoreGqa | kFlashcoreSeqLenKv | kFlashcoreLse | kFlashcoreWindow | kFlashcoreSoftcap | kFlashcoreSinks;
+}
 
 int flashcore_max_seq_len() { return 16; }

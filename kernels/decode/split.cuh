@@ -6,8 +6,9 @@
 // Work: a group is the G = H / H_kv query heads that read one K/V head, times their S query rows: M = G * S
 // rows, row r = g * S + i (head g of the group, query i), which is also the row's place in q, o and lse
 // ([B, H, S, ...] flattened: the group's rows are contiguous). A group is cut into m-blocks of block_m rows;
-// its keys into tiles of block_n keys, and the tiles into `splits` runs of tiles_per_split (the last one may
-// be shorter, none is empty). One CTA takes one (K/V head, split, m-block).
+// the keys its rows see (visible_range: the whole cache, or under a window only the window's keys) into tiles of
+// block_n keys, aligned to block_n from key 0, and the tiles into `splits` runs of tiles_per_split (the last one
+// may be shorter, none is empty). One CTA takes one (K/V head, split, m-block).
 #pragma once
 
 #include "flashcore.h"
@@ -34,11 +35,39 @@ constexpr int kCombineTiles = DECODE_KCOMBINE_TILES;  // the combine after a spl
 constexpr int kForcedSplits = DECODE_SPLITS;          // 0: the cost model picks; N > 0: plan_split takes N
 static_assert(kForcedSplits >= 0 && kCtaOverheadTiles >= 0 && kCombineTiles >= 0, "decode knobs are >= 0");
 
+// The keys query i (0 <= i < S, any head) sees, [first, last] within [0, S_kv): flashcore.h's window about its
+// diagonal key i + S_kv - S (bottom-right; causal is the window (-1, 0)); first > last when it sees none. Both
+// edges grow with i. Compared before they are added, so that no window up to 2^31 - 1 overflows.
+struct RowKeys {
+  int first, last;
+};
+
+__host__ __device__ inline RowKeys row_keys(const FlashcoreParams& p, int i) {
+  const int diag = i + p.seq_len_kv - p.seq_len, last = p.seq_len_kv - 1;
+  const int left = p.window_left, right = p.causal ? 0 : p.window_right;
+  RowKeys k;
+  k.first = left < 0 || left >= diag ? 0 : diag - left;
+  k.last = right < 0 || right >= last - diag ? last : diag + right;
+  return k;
+}
+
+// The keys a group's rows see between them, [begin, end): query 0's first key to query S - 1's last, which is
+// S_kv - 1. (Query 0 sees none only when S > S_kv, a cache of one tile: then begin = 0 costs nothing.)
+__host__ __device__ inline Range visible_range(const FlashcoreParams& p) {
+  return {row_keys(p, 0).first, row_keys(p, p.seq_len - 1).last + 1};
+}
+
+// The query head (0 .. H - 1) of row r of K/V head kv_head's group (b * H_kv + h_kv): h_kv * G + r / S.
+__host__ __device__ inline int query_head(const FlashcoreParams& p, int kv_head, int r) {
+  return kv_head % p.heads_kv * (p.heads / p.heads_kv) + r / p.seq_len;
+}
+
 struct Split {
   int kv_heads;         // B * H_kv
   int rows;             // M = G * S: the query rows of one group
   int m_blocks;         // ceil(M / block_m)
-  int tiles;            // key tiles of one K/V head: ceil(S_kv / block_n)
+  int tile_first;       // the first key tile the group's rows see: visible_range's begin / block_n
+  int tiles;            // key tiles from tile_first to the last visible key's (0 only for an empty range)
   int tiles_per_split;  // the last split may have fewer
   int splits;           // CTAs along the keys of one (K/V head, m-block); 1: no combine, O written directly
 
@@ -51,7 +80,7 @@ struct CtaWork {
   int kv_head;     // b * H_kv + h_kv
   int split;
   int row0;        // first row of the m-block within the group, a multiple of block_m
-  int tile_begin;  // key tiles [tile_begin, tile_end)
+  int tile_begin;  // key tiles [tile_begin, tile_end), counted from key 0 (tile t: keys t * block_n ..)
   int tile_end;
 };
 
@@ -63,8 +92,9 @@ __host__ __device__ inline CtaWork cta_work(const Split& plan, int cta, int bloc
   w.split = rest % plan.splits;
   w.kv_head = rest / plan.splits;
   w.row0 = m_block * block_m;
-  w.tile_begin = w.split * plan.tiles_per_split;
-  w.tile_end = w.tile_begin + plan.tiles_per_split < plan.tiles ? w.tile_begin + plan.tiles_per_split : plan.tiles;
+  const int begin = w.split * plan.tiles_per_split;
+  w.tile_begin = plan.tile_first + begin;
+  w.tile_end = plan.tile_first + (begin + plan.tiles_per_split < plan.tiles ? begin + plan.tiles_per_split : plan.tiles);
   return w;
 }
 
@@ -75,15 +105,19 @@ __host__ __device__ inline CtaWork cta_work(const Split& plan, int cta, int bloc
 // 32 tiles (256 CTAs, one wave); B 64, S_kv 4096 -> 1 (512 CTAs in two waves beat 1024 in four); B 1, H_kv 8,
 // S_kv 131072 -> 33 splits of 63 tiles (264 CTAs). With DECODE_SPLITS = N > 0 the model is bypassed: N splits,
 // clamped to the tiles and kMaxSplits, then to the most that leave no split empty (kMinSplitTiles not applied).
-__host__ __device__ inline Split plan_split(int kv_heads, int rows, int seq_len_kv, int block_m, int block_n,
-                                            int slots) {
+// The keys are [key_begin, key_end) (visible_range): a window of 4096 keys over a 131072-key cache is planned,
+// launched and streamed as a 4096-key cache would be (65 tiles where the window's 4097 keys cross a tile edge).
+__host__ __device__ inline Split plan_split(int kv_heads, int rows, int key_begin, int key_end, int block_m,
+                                            int block_n, int slots) {
   Split plan;
   plan.kv_heads = kv_heads;
   plan.rows = rows;
   plan.m_blocks = ceil_div(rows, block_m);
-  plan.tiles = ceil_div(seq_len_kv, block_n);
+  plan.tile_first = key_begin < key_end ? key_begin / block_n : 0;
+  plan.tiles = key_begin < key_end ? ceil_div(key_end, block_n) - plan.tile_first : 0;
   plan.tiles_per_split = plan.tiles;
   plan.splits = 1;
+  if (plan.tiles == 0) return plan;  // no row sees a key: one CTA per m-block writes O = 0 and the LSE
   if (kForcedSplits > 0) {
     const int at_most = plan.tiles < kMaxSplits ? plan.tiles : kMaxSplits;
     plan.tiles_per_split = ceil_div(plan.tiles, kForcedSplits < at_most ? kForcedSplits : at_most);
@@ -106,6 +140,12 @@ __host__ __device__ inline Split plan_split(int kv_heads, int rows, int seq_len_
     }
   }
   return plan;
+}
+
+// The whole cache, keys [0, seq_len_kv): no window.
+__host__ __device__ inline Split plan_split(int kv_heads, int rows, int seq_len_kv, int block_m, int block_n,
+                                            int slots) {
+  return plan_split(kv_heads, rows, 0, seq_len_kv, block_m, block_n, slots);
 }
 
 // A split's partial result for one query row, in the forward workspace (splits > 1 only): [B * H * S rows]

@@ -1,5 +1,6 @@
 // decode/tile.cuh — the decode rung's consumer warps (decode/decode.cu): each folds its share of every key tile into
-// its rows: S = Q K^T on mma.sync m16n8k16 with Q_i's fragments in registers, the masks, the online softmax,
+// its rows: S = Q K^T on mma.sync m16n8k16 with Q_i's fragments in registers, the softcap (an instantiation of
+// its own), the masks (the window's two edges, only on the warp steps they cut), the online softmax,
 // and O += P V with the row sums from a column of ones (as common/fa2_fragments.cuh's accumulate_pv), over the panel
 // layout below; consume_tiles is the loop over a CTA's run of tiles in the ring.
 //
@@ -16,7 +17,9 @@
 
 #include <cstdint>
 
+#include "decode/split.cuh"
 #include "common/fa2_fragments.cuh"
+#include "common/family.cuh"
 #include "common/mbarrier.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/primitives.cuh"
@@ -44,7 +47,7 @@ __device__ __forceinline__ uint32_t panel_step(int step, int half, int lane) {
 template <class Cfg>
 struct RowState {
   float o[Cfg::kDTiles][4];
-  float m_i[2];     // max of the raw scores seen (scale > 0 keeps their order); -inf before any visible key
+  float m_i[2];     // max of the scores seen (raw, or capped: scale > 0 keeps their order); -inf before any key
   float l_i[2];     // sum of the rounded P that P V multiplied: O's denominator (exact one-hot rows)
   float l_fp32[2];  // sum of the unrounded fp32 P over this lane's columns: the LSE's (quad-summed at the end)
 };
@@ -82,34 +85,52 @@ __device__ __forceinline__ void warp_scores(float (&s)[2][4], const uint32_t (&q
   }
 }
 
-// The last key each of a lane's two rows may see: S_kv - 1, or under causal (bottom-right) i + S_kv - S for
-// row r = g * S + i of a group (query i; negative: the row sees none). `all`: the last key every row sees
-// (i = 0), so a warp's keys up to it need no mask.
+// The keys each of a lane's two rows sees, [first_key, last_key] (row r = g * S + i of a group: query i's
+// row_keys), and the warp steps that need no mask: key0 in [clear_lo, clear_lo + clear_span], the steps whose
+// kWarpKeys keys every query of the group sees (query S - 1's first key to query 0's last). One unsigned compare
+// per step, as the single causal edge had; clear_lo = -1, clear_span = 0 masks every step (none qualifies).
+// Host code too, so that a host program can check the masks without a GPU.
 struct KeyLimits {
+  int first_key[2];
   int last_key[2];
-  int all;
+  int clear_lo;
+  unsigned clear_span;
+  __host__ __device__ __forceinline__ bool cut(int key0) const { return static_cast<unsigned>(key0 - clear_lo) > clear_span; }
 };
 
-__device__ __forceinline__ KeyLimits key_limits(int row0, int seq_len, int seq_len_kv, bool causal, int lane) {
+template <int kWarpKeys>
+__host__ __device__ __forceinline__ KeyLimits key_limits(const FlashcoreParams& p, int row0, int lane) {
   KeyLimits lim;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int i = (row0 + (lane >> 2) + 8 * h) % seq_len;
-    lim.last_key[h] = causal ? min(seq_len_kv - 1, i + seq_len_kv - seq_len) : seq_len_kv - 1;
+    const RowKeys k = row_keys(p, (row0 + (lane >> 2) + 8 * h) % p.seq_len);
+    lim.first_key[h] = k.first;
+    lim.last_key[h] = k.last;
   }
-  lim.all = causal ? min(seq_len_kv - 1, seq_len_kv - seq_len) : seq_len_kv - 1;
+  const int lo = row_keys(p, p.seq_len - 1).first, hi = row_keys(p, 0).last - (kWarpKeys - 1);
+  lim.clear_lo = hi >= lo ? lo : -1;
+  lim.clear_span = hi >= lo ? static_cast<unsigned>(hi - lo) : 0u;
   return lim;
 }
 
-// S = -inf where key > the row's last visible key.
-__device__ __forceinline__ void mask_scores(float (&s)[2][4], int key0, const KeyLimits& lim, int lane) {
+// S = -inf where the key is outside the row's [first_key, last_key] (past S_kv included).
+__host__ __device__ __forceinline__ void mask_scores(float (&s)[2][4], int key0, const KeyLimits& lim, int lane) {
 #pragma unroll
   for (int j = 0; j < 2; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int key = key0 + 8 * j + 2 * (lane & 3) + (r & 1);
-      if (key > lim.last_key[r >> 1]) s[j][r] = -INFINITY;
+      if (key < lim.first_key[r >> 1] || key > lim.last_key[r >> 1]) s[j][r] = -INFINITY;
     }
+}
+
+// S = softcap * tanh(S * scale / softcap) (the raw scores, cap_scale = scale / softcap): the capped scores the
+// softmax, the masks and the LSE then take, at exp2's factor log2 e.
+__device__ __forceinline__ void cap_scores(float (&s)[2][4], float softcap, float cap_scale) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) s[j][r] = softcap * fc::tanh_fast(s[j][r] * cap_scale);
 }
 
 // m_new = max(m_i, rowmax S); P = exp2(S * scale_log2 - m_new * scale_log2); O = diag(alpha) O,
@@ -174,12 +195,13 @@ __device__ __forceinline__ void softmax_pv(float (&s)[2][4], RowState<Cfg>& st, 
 
 // A consumer warp's run: for each tile [tile_begin, tile_end) of the ring (stage t % kStages, lap parity as in
 // decode/load.cuh), wait for it to land, fold this warp's kWarpKeys keys of it into rows, and release it.
-// ring: the shared address of stage 0; Q_i's A fragments in q.
-template <class Cfg, class T>
+// ring: the shared address of stage 0; Q_i's A fragments in q. scale_log2: exp2's factor on a score (scale *
+// log2 e on the raw ones; log2 e on kSoftcap's capped ones, cap_scale = scale / softcap).
+template <class Cfg, class T, bool kSoftcap>
 __device__ __forceinline__ void consume_tiles(RowState<Cfg>& rows, const uint32_t (&q)[Cfg::kKChunks][4],
                                               uint32_t ring, uint64_t* full, uint64_t* empty, int tile_begin,
-                                              int tile_end, const KeyLimits& lim, float scale_log2, int warp,
-                                              int lane) {
+                                              int tile_end, const KeyLimits& lim, float scale_log2, float softcap,
+                                              float cap_scale, int warp, int lane) {
   // ldmatrix rows of this warp's keys: K as B of Q K^T (lane % 8 + 8 (lane / 16)), V as B of P V (.trans,
   // lane % 8 + 8 ((lane / 8) % 2)).
   const int key_in_tile = warp * Cfg::kWarpKeys;
@@ -191,10 +213,11 @@ __device__ __forceinline__ void consume_tiles(RowState<Cfg>& rows, const uint32_
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     fc::mbarrier_wait_parity(&full[stage], phase);
     const int key0 = tile * Cfg::kBlockN + key_in_tile;
-    // S = Q_i K_j^T; -inf past S_kv and (causal) past each row's diagonal: a head's last tile or two only
+    // S = Q_i K_j^T (capped); -inf past S_kv and outside each row's window: the steps at the window's edges only
     float s[2][4];
     warp_scores<Cfg, T>(s, q, k_lane + stage * Cfg::kStageBytes, lane);
-    if (key0 + Cfg::kWarpKeys - 1 > lim.all) mask_scores(s, key0, lim, lane);
+    if constexpr (kSoftcap) cap_scores(s, softcap, cap_scale);
+    if (lim.cut(key0)) mask_scores(s, key0, lim, lane);
     // P = exp(S - m_new), O = diag(exp(m_i - m_new)) O + P V_j
     softmax_pv<Cfg, T>(s, rows, v_lane + stage * Cfg::kStageBytes, scale_log2, lane);
     fc::mbarrier_arrive(&empty[stage]);  // this thread's reads of the stage are done
