@@ -123,20 +123,7 @@ def register_op(variant: Variant):
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIBRARY)
 
     if variant.supports("backward"):
-
-        def backward_fake(grad_out, q, k, v, out, lse, causal, scale, grad_lse, out_residual, window_size, softcap, sinks):
-            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), _dsinks_like(q, sinks)
-
-        def backward_cuda(grad_out, q, k, v, out, lse, causal, scale, grad_lse, out_residual, window_size, softcap, sinks):
-            dsinks = _dsinks_like(q, sinks)
-            dq, dk, dv = module_for(q).backward(grad_out, q, k, v, out, lse, causal, scale, grad_lse, out_residual,
-                                                window_size=tuple(window_size), softcap=softcap, sinks=sinks,
-                                                dsinks=dsinks if sinks is not None else None)  # fmt: skip
-            return dq, dk, dv, dsinks
-
-        _LIBRARY.define(name + "_backward" + BACKWARD_SCHEMA)
-        _LIBRARY.impl(name + "_backward", backward_cuda, "CUDA")
-        torch.library.register_fake(f"{NAMESPACE}::{name}_backward", backward_fake, lib=_LIBRARY)
+        _define_backward_op(name, module_for)
 
     def setup_context(ctx, inputs, output):
         q, k, v, causal, scale, _training, window_size, softcap, sinks = _full_inputs(inputs)
@@ -163,6 +150,26 @@ def register_op(variant: Variant):
 
     torch.library.register_autograd(f"{NAMESPACE}::{name}", backward, setup_context=setup_context, lib=_LIBRARY)
     return getattr(getattr(torch.ops, NAMESPACE), name)
+
+
+def _define_backward_op(name: str, module_for) -> None:
+    """flashcore::<name>_backward: its schema, CUDA impl (the built module's backward, dsinks into a tensor of its
+    own) and fake impl."""
+    import torch
+
+    def backward_fake(grad_out, q, k, v, out, lse, causal, scale, grad_lse, out_residual, window_size, softcap, sinks):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), _dsinks_like(q, sinks)
+
+    def backward_cuda(grad_out, q, k, v, out, lse, causal, scale, grad_lse, out_residual, window_size, softcap, sinks):
+        dsinks = _dsinks_like(q, sinks)
+        dq, dk, dv = module_for(q).backward(grad_out, q, k, v, out, lse, causal, scale, grad_lse, out_residual,
+                                            window_size=tuple(window_size), softcap=softcap, sinks=sinks,
+                                            dsinks=dsinks if sinks is not None else None)  # fmt: skip
+        return dq, dk, dv, dsinks
+
+    _LIBRARY.define(name + "_backward" + BACKWARD_SCHEMA)
+    _LIBRARY.impl(name + "_backward", backward_cuda, "CUDA")
+    torch.library.register_fake(f"{NAMESPACE}::{name}_backward", backward_fake, lib=_LIBRARY)
 
 
 def _full_inputs(inputs) -> tuple:

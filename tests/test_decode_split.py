@@ -144,3 +144,33 @@ def test_the_registry_tunes_the_knobs_the_decode_sources_define():
     assert all(defaults[name] in values for name, values in space.params.items())
     shipped = grid({k: [v] for k, v in defaults.items()}, space.constraints)
     assert len(shipped) == 1 and not shipped[0].skipped
+
+
+WINDOW_SOURCE = ROOT / "tests" / "fixtures" / "hosts" / "decode_window.cu"
+BIG = 2**31 - 1
+
+
+def window_cases(count: int, seed: int) -> list[str]:
+    """B,H,H_kv,S,S_kv,left,right,slots: the issue's window row and its edges, rows that see no key (S > S_kv, a
+    window of the diagonal alone, one ending before key 0), two-sided and huge windows, then random ones."""
+    fixed = ["1,32,8,1,131072,4096,0,0", "1,32,8,1,131072,4095,0,0", "1,32,8,1,4096,-1,0,0", "4,32,8,4,16384,1024,0,0",
+             "1,8,1,16,5,2,0,0", "1,8,1,16,5,0,0,0", "1,4,1,16,100,0,0,0", "1,4,1,16,100,3,5,0",
+             f"1,4,1,16,100,{BIG},{BIG},0", f"1,4,1,3,1000,{BIG},0,0", f"1,4,1,3,1000,10,{BIG},0", "1,4,1,3,1,5,0,0"]  # fmt: skip
+    rng = random.Random(seed)
+    lefts = [-1, 0, 1, 5, 15, 16, 63, 64, 65, 100, 1000, 4096]
+    rights = [-1, 0, 1, 3, 17, 64, 200]
+    cases = []
+    for _ in range(count):
+        hkv, s = rng.randint(1, 2), rng.randint(1, 16)
+        skv = rng.randint(1, 700) if rng.random() < 0.67 else rng.randint(1, 9000)
+        left = rng.choice(lefts) if rng.random() < 0.75 else rng.randint(0, 2999)
+        cases.append(f"{rng.randint(1, 2)},{hkv * 2 ** rng.randint(0, 3)},{hkv},{s},{skv},{left},{rng.choice(rights)},"
+                     f"{rng.choice([0, 1, 7, 58, 264])}")  # fmt: skip
+    return fixed + cases
+
+
+def test_a_window_reads_and_folds_only_the_keys_its_rows_see(tmp_path_factory):
+    exe = host_check_program(tmp_path_factory, WINDOW_SOURCE, "compute_90")
+    lines = run_host_check(exe, window_cases(400, 47))
+    # a 4096 window over a 131072-key cache reads the window's 65 tiles per K/V head (8 of them), not the cache's 2048
+    assert "tiles 65 " in lines[0] and "tiles read 520 over" in lines[0], lines[0]

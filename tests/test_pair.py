@@ -165,7 +165,7 @@ def test_the_worker_enters_a_one_shot_backend_pin_once(monkeypatch, tmp_path):
         return Timing([1.0] * 100, "cold"), Timing([2.0] * 100, "cold")
 
     monkeypatch.setattr("flashcore_cli.measure.references.reference_functions",
-                        lambda q, k, v, causal, passes: [("sdpa-cudnn", lambda: calls.append("ref"), pin(), "")])
+                        lambda q, k, v, causal, passes, family=None: [("sdpa-cudnn", lambda: calls.append("ref"), pin(), "")])
     monkeypatch.setattr("flashcore_cli.check.case.make_inputs", lambda case: (None, None, None))
     monkeypatch.setattr("flashcore_cli.measure.modes.time_pair", fake_pair)
     attn = SimpleNamespace(name="v12", build=SimpleNamespace(key="k"), forward_note=lambda: None)

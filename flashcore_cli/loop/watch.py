@@ -317,7 +317,7 @@ def worker_steps(registry_path, variant_name: str, shapes, *, causal: bool, dtyp
         return None, f"not timed: {row.status} {(row.detail or '').splitlines()[0] if row.detail else ''}".strip()
 
     def sdpa():
-        from flashcore_cli.measure.bench import baseline_for, baseline_median
+        from flashcore_cli.measure.bench import baseline_for, baseline_median, bench_references
 
         rows, _ = bench_references(bench_case, reps=reps, warmup=10, timeout=timeout, modes=(BENCH_MODE,))
         return baseline_median(rows[BENCH_MODE], baseline_for(family, causal))
