@@ -1,9 +1,9 @@
 // sm90/epilogue_fwd_sm90.cuh — v12's epilogue, one consumer warpgroup's rows of an item: O / l rounded to T into the
 // warpgroup's rows of O's staging tile (Q_i's swizzled layout), the row LSE (and O's rounding residual where a
 // training forward asks for it: flashcore.h's o_residual), then one TMA store per 64-column panel, which clips
-// rows past S. With sinks (p.sinks), the head's sink joins each row's denominator here (fc::finish_row_log2): O's
-// factor and the LSE take it; without, the code is the plain one (a uniform branch). O has a tile of its own, so the next item's Q_i lands meanwhile; the first
-// barrier waits for this warpgroup's previous store to have read it.
+// rows past S. O has a tile of its own, so the next item's Q_i lands meanwhile; the first barrier waits for this
+// warpgroup's previous store to have read it. With sinks (p.sinks), the query head's sink joins each row's
+// denominator here (fc::finish_row_log2): O's factor and the LSE take it; without, the plain code (a uniform branch).
 #pragma once
 
 #include "sm90/consumer_sm90.cuh"
@@ -27,7 +27,9 @@ __device__ __forceinline__ void store_rows(const FlashcoreParams& p, const Maps&
   if (p.sinks != nullptr) {
     const float sink2 = p.sinks[bh % p.heads] * 1.4426950408889634f;  // the query head's sink, in log2 units
 #pragma unroll
-    for (int h = 0; h < 2; ++h) lse2[h] = fc::finish_row_log2(st.m[h], o[4 * (kHeadDim / 8) + 2 * h], sink2, o_scale[h]);
+    for (int h = 0; h < 2; ++h) {
+      lse2[h] = fc::finish_row_log2(st.m[h], o[4 * (kHeadDim / 8) + 2 * h], sink2, o_scale[h]);
+    }
   } else {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

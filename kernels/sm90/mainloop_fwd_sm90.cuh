@@ -155,10 +155,10 @@ struct Descs {
   uint64_t q, k0, v0;
 };
 
-// One consumer's main loop over an item's key tiles n0 .. n1 - 1 (n1 > n0; the ring indexed by key tile): S = Q_i K_n^T,
-// the softmax, O += P V_n, with the next tile's S issued before this one's P V so the softmax overlaps it. o and st
-// come out unnormalized. Tiles in `whole` (unmasked_tiles) run the softmax without the mask; c and cap_in are
-// online_softmax's (softcap: cap * log2(e) and scale / cap).
+// One consumer's main loop over an item's key tiles n0 .. n1 - 1 (n1 > n0; the ring indexed by key tile):
+// S = Q_i K_n^T, the softmax, O += P V_n, with the next tile's S issued before this one's P V so the softmax overlaps
+// it. o and st come out unnormalized. Tiles in `whole` (unmasked_tiles) run the softmax without the mask; c and
+// cap_in are online_softmax's (softcap: cap * log2(e) and scale / cap).
 template <class Cfg, typename T, bool kSoftcap>
 __device__ __forceinline__ void mainloop(const FlashcoreParams& p, Barriers<Cfg::kStages>& bars, const Ring<Cfg::kStages>& ring,
                                          const Turns<Cfg::kConsumers>& turns, const Descs& d, int g, int n0, int n1,

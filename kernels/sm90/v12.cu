@@ -45,7 +45,7 @@
 // candidate list and keeps the one whose busiest CTA finishes first; 1 consumer and 4 slots when the grid is
 // one wave of 64-row items (short sequences, below).
 // ptxas (`flashcore ptxas v12`): 0 spills, 0 stack, 1 CTA/SM; producer 24-32 registers, consumers 160-240; 16
-// forward kernels (8 configurations x dtype, each with and without the softcap).
+// forward kernels (4 configurations x 2 dtypes, each with and without the softcap).
 //
 // Run:  flashcore test v12 && flashcore bench v12 --shape 2,16,4096,128 && flashcore sass v12
 //
@@ -107,15 +107,16 @@ int flashcore_dtypes() { return (1 << kFlashcoreFloat16) | (1 << kFlashcoreBFloa
 
 // The backward: sm90/v12_bwd.cu.
 int flashcore_features() {
-  return kFlashcoreGqa | kFlashcoreSeqLenKv | kFlashcoreLse | kFlashcoreBackward | kFlashcoreWindow | kFlashcoreSoftcap |
-         kFlashcoreSinks;
+  return kFlashcoreGqa | kFlashcoreSeqLenKv | kFlashcoreLse | kFlashcoreBackward | kFlashcoreWindow |
+         kFlashcoreSoftcap | kFlashcoreSinks;
 }
 
 int v12_backward_plan(int head_dim, FlashcoreKernelPlan* plans);
 
 template <class Cfg, class T, bool kSoftcap>
 static FlashcoreKernelPlan plan_of() {
-  return {FC_PLAN_NAME(v12_fwd, Cfg::kHeadDim, Cfg::kBlockN, Cfg::kConsumers, Cfg::kStages, fc::type_name<T>(), kSoftcap),
+  return {FC_PLAN_NAME(v12_fwd, Cfg::kHeadDim, Cfg::kBlockN, Cfg::kConsumers, Cfg::kStages, fc::type_name<T>(),
+                       kSoftcap),
           Cfg::kThreads, Cfg::kSmemBytes};
 }
 
