@@ -1,32 +1,52 @@
 // sm90/consumer_sm90.cuh — the steps of v12's consumer warpgroups: the online softmax on wgmma's accumulator layout
-// (masked where a tile needs it), P packed into wgmma A fragments, the two GEMMs (S = Q K^T from shared memory,
-// O += P V with P from registers) and a ring slot's release.
+// (soft-capped where the call asks, masked where a tile needs it), P packed into wgmma A fragments, the two GEMMs
+// (S = Q K^T from shared memory, O += P V with P from registers) and a ring slot's release.
 #pragma once
 
 #include "flashcore.h"
+#include "common/family.cuh"
 #include "common/hopper.cuh"
 
 #include <cstdint>
 
 // Row state of one thread: it owns rows r and r + 8 of its warp's 16 (see common/hopper.cuh's fragment layout).
 struct RowState {
-  float m[2];  // running max of S * scale * log2(e) per row (l lives in O's extra columns)
+  float m[2];  // running max of the score in log2 units (S * scale * log2(e), or the capped score's) per row
+               // (l lives in O's extra columns)
 };
 
 // P = exp2(S * c - m) for one score tile in place, with the mask applied first where the tile needs it;
 // returns each row's rescale factor exp2(m_old - m_new) and updates m. Needs c > 0 (max commutes).
-// diag0: the last key this thread's first row sees under causal (its row + S_kv - S; its second row's is + 8).
-template <int kBlockN, bool kMask>
+// kSoftcap: S becomes tanh(S * cap_in) first (cap_in = scale / cap, and c = cap * log2(e)): the capped score
+// cap * tanh(S * scale / cap) in log2 units is then S * c again, and the mask, max and exp2 below run on it.
+// diag0: this thread's first row's diagonal key (its row + S_kv - S; its second row's is + 8). The mask keeps key
+// col of a row with diagonal diag iff diag - window_left <= col <= diag + window_right (a bound < 0: none) and
+// col < S_kv (fc::key_visible), each bound compared so that a window up to 2^31 - 1 does not overflow.
+template <int kBlockN, bool kMask, bool kSoftcap>
 __device__ __forceinline__ void online_softmax(float (&s)[kBlockN / 2], RowState& st, float (&alpha)[2], float c,
-                                               int diag0, int col0, int seq_len_kv, bool causal) {
-  if (kMask) {  // -inf past the keys and (causal) right of the diagonal
+                                               float cap_in, int diag0, int col0, const FlashcoreParams& p) {
+  if (kSoftcap) {  // before the mask: tanh(-inf) would make a masked score -cap
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) s[i] = fc::tanh_fast(s[i] * cap_in);
+  }
+  if (kMask) {  // -inf outside each row's keys [lo, hi], as offsets from this thread's first column
+    const int base = col0 + 2 * (threadIdx.x % 4);
+    int lo[2], hi[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int diag = diag0 + 8 * h;
+      const int last_key = p.seq_len_kv - 1;
+      const bool to_end = p.window_right < 0 || diag >= last_key - p.window_right;
+      const bool from_start = p.window_left < 0 || diag <= p.window_left;
+      lo[h] = (from_start ? 0 : diag - p.window_left) - base;
+      hi[h] = (to_end ? last_key : diag + p.window_right) - base;
+    }
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int col = col0 + 8 * j + 2 * (threadIdx.x % 4) + (e & 1);
-        const int diag = diag0 + (e >> 1) * 8;
-        if (col >= seq_len_kv || (causal && col > diag)) s[4 * j + e] = -INFINITY;
+        const int off = 8 * j + (e & 1);
+        if (off < lo[e >> 1] || off > hi[e >> 1]) s[4 * j + e] = -INFINITY;
       }
     }
   }
@@ -37,8 +57,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[kBlockN / 2], RowState
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
     mx = fmaxf(st.m[h], fc::group_max<4>(mx) * c);
-    // A row with nothing visible yet keeps m = -inf; subtract 0 then so that exp2 gives 0, not NaN. Causal keys
-    // are a prefix, so a row with none in tile 0 (S > S_kv) never gets one: it ends with O = 0 and l = 0.
+    // A row with nothing visible yet keeps m = -inf; subtract 0 then so that exp2 gives 0, not NaN (its P is all
+    // 0, and alpha = 0 once a later tile shows it a key; a row that never sees one ends with O = 0 and l = 0).
     const float m_use = mx == -INFINITY ? 0.f : mx;
     alpha[h] = exp2f(st.m[h] - m_use);
     st.m[h] = mx;

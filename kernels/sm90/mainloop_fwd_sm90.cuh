@@ -64,9 +64,9 @@ __device__ __forceinline__ void write_ones(int first, int stride) {
   fc::fence_proxy_async_shared();
 }
 
-// One thread streams each item's Q_i, then its K_j and V_j through the ring. Q_i of the next item goes in as soon
-// as every consumer has issued its last S of this one (q_empty), so it lands during this item's last softmax,
-// P V and stores.
+// One thread streams each item's Q_i, then its K_j and V_j (the key tiles item_key_tiles gives) through the ring.
+// Q_i of the next item goes in as soon as every consumer has issued its last S of this one (q_empty), so it lands
+// during this item's last softmax, P V and stores.
 template <class Cfg>
 __device__ __forceinline__ void producer(const FlashcoreParams& p, const Maps& maps, const Items& items) {
   constexpr int kStages = Cfg::kStages, kBlockN = Cfg::kBlockN;
@@ -81,12 +81,12 @@ __device__ __forceinline__ void producer(const FlashcoreParams& p, const Maps& m
   int t = 0;  // K/V tiles issued by this CTA so far: the ring's slot and lap
   for (int round = 0, index = blockIdx.x; index < num_items(p, items); index = snake_index(++round, blockIdx.x, gridDim.x)) {
     const Item it = item_at<Cfg::kBlockM>(p, items, index);
-    const int num_n = item_tiles<kBlockN>(p, it);
+    const fc::Range tiles = item_key_tiles<kBlockN>(p, it);
     const int kv_bh = kv_head(p, it.bh);  // K and V are [B * H_kv][S_kv][D]
     fc::mbarrier_wait_parity(&bars.q_empty, (round & 1) ^ 1);
     fc::mbarrier_arrive_expect_bytes(&bars.q_full, Cfg::kQBytes);
     fc::tma_load_4d(q_tile, &maps.q, 0, it.m0, 0, it.bh, &bars.q_full);
-    for (int n = 0; n < num_n; ++n, ++t) {
+    for (int n = tiles.begin; n < tiles.end; ++n, ++t) {
       const int s = t % kStages;
       const uint32_t lap = (t / kStages) & 1;
       fc::mbarrier_wait_parity(&bars.k_empty[s], lap ^ 1);
@@ -99,7 +99,8 @@ __device__ __forceinline__ void producer(const FlashcoreParams& p, const Maps& m
   }
 }
 
-// Where the consumers are in the ring: tile n of the current item sits in slot (t + n) % kStages, on that lap.
+// Where the consumers are in the ring: the current item's i-th tile sits in slot (t + i) % kStages, on that lap.
+// (mainloop's copy counts from the item's first key tile instead: t less that tile's index, so n is the key tile.)
 template <int kStages>
 struct Ring {
   int t;  // K/V tiles of this CTA's earlier items
@@ -154,40 +155,44 @@ struct Descs {
   uint64_t q, k0, v0;
 };
 
-// One consumer's main loop over an item's num_n > 0 key tiles: S = Q_i K_n^T, the softmax, O += P V_n, with the
-// next tile's S issued before this one's P V so the softmax overlaps it. o and st come out unnormalized.
-template <class Cfg, typename T>
+// One consumer's main loop over an item's key tiles n0 .. n1 - 1 (n1 > n0; the ring indexed by key tile):
+// S = Q_i K_n^T, the softmax, O += P V_n, with the next tile's S issued before this one's P V so the softmax overlaps
+// it. o and st come out unnormalized. Tiles in `whole` (unmasked_tiles) run the softmax without the mask; c and
+// cap_in are online_softmax's (softcap: cap * log2(e) and scale / cap).
+template <class Cfg, typename T, bool kSoftcap>
 __device__ __forceinline__ void mainloop(const FlashcoreParams& p, Barriers<Cfg::kStages>& bars, const Ring<Cfg::kStages>& ring,
-                                         const Turns<Cfg::kConsumers>& turns, const Descs& d, int g, int num_n, float c,
-                                         int first_diag, int diag0, float (&o)[Cfg::kOCols / 2], RowState& st) {
+                                         const Turns<Cfg::kConsumers>& turns, const Descs& d, int g, int n0, int n1,
+                                         float c, float cap_in, fc::Range whole, int diag0, float (&o)[Cfg::kOCols / 2],
+                                         RowState& st) {
   constexpr int kHeadDim = Cfg::kHeadDim, kBlockN = Cfg::kBlockN, kBlockM = Cfg::kBlockM;
   constexpr uint64_t kKSlotStep = Cfg::kKVBytes >> 4;  // one ring slot further, in descriptor units
   constexpr uint64_t kVSlotStep = Cfg::kVSlotBytes >> 4;
   float s[kBlockN / 2];
   uint32_t pa[kBlockN / 16][4];
   float alpha[2];
-  // Two copies of the softmax, so that the tiles that need no mask (all but the last one or two) run none of its
-  // index arithmetic: predicated off, it still took issue slots (ncu: ALU the busiest pipe).
+  // Two copies of the softmax, so that the tiles that need no mask (all but those the window's edges, the diagonal
+  // or S_kv cut) run none of its index arithmetic: predicated off, it still took issue slots (ncu: ALU the busiest
+  // pipe).
   auto softmax = [&](int n) {
-    if (tile_needs_mask<kBlockN>(p, n, first_diag)) {
-      online_softmax<kBlockN, true>(s, st, alpha, c, diag0, n * kBlockN, p.seq_len_kv, p.causal);
+    if (n < whole.begin || n >= whole.end) {
+      online_softmax<kBlockN, true, kSoftcap>(s, st, alpha, c, cap_in, diag0, n * kBlockN, p);
     } else {
-      online_softmax<kBlockN, false>(s, st, alpha, c, diag0, n * kBlockN, p.seq_len_kv, p.causal);
+      online_softmax<kBlockN, false, kSoftcap>(s, st, alpha, c, cap_in, diag0, n * kBlockN, p);
     }
   };
-  // Tile 0: S = Q_i K_0^T, then its softmax.
-  fc::mbarrier_wait_parity(&bars.k_full[ring.slot(0)], ring.lap(0));
+  // The first tile: S = Q_i K_n0^T, then its softmax.
+  fc::mbarrier_wait_parity(&bars.k_full[ring.slot(n0)], ring.lap(n0));
   turns.take();
-  gemm_qk<T, kHeadDim, kBlockN, kBlockM>(s, d.q, d.k0 + ring.slot(0) * kKSlotStep);
+  gemm_qk<T, kHeadDim, kBlockN, kBlockM>(s, d.q, d.k0 + ring.slot(n0) * kKSlotStep);
   fc::wgmma_fence_operands(s);
   turns.pass();
   fc::wgmma_wait<0>();
   fc::wgmma_fence_operands(s);
-  release(&bars.k_empty[ring.slot(0)]);
-  softmax(0);
+  release(&bars.k_empty[ring.slot(n0)]);
+  softmax(n0);
   pack_p<T, kBlockN>(s, pa);
 
-  for (int n = 1; n < num_n; ++n) {
+  for (int n = n0 + 1; n < n1; ++n) {
     const int sk = ring.slot(n), sv = ring.slot(n - 1);
     // Issue S_next = Q_i K_n^T, then O += P V_{n-1}; the softmax of S_next overlaps P V_{n-1}.
     fc::mbarrier_wait_parity(&bars.k_full[sk], ring.lap(n));
@@ -218,8 +223,8 @@ __device__ __forceinline__ void mainloop(const FlashcoreParams& p, Barriers<Cfg:
   }
   release(&bars.q_empty);  // every S of this item has landed: the producer may load the next Q_i
   // The last tile's O += P V.
-  const int sv = ring.slot(num_n - 1);
-  fc::mbarrier_wait_parity(&bars.v_full[sv], ring.lap(num_n - 1));
+  const int sv = ring.slot(n1 - 1);
+  fc::mbarrier_wait_parity(&bars.v_full[sv], ring.lap(n1 - 1));
   turns.take();
   gemm_pv<T, Cfg::kOCols, kBlockN>(o, pa, d.v0 + sv * kVSlotStep);
   fc::wgmma_fence_operands(o);
@@ -232,7 +237,7 @@ __device__ __forceinline__ void mainloop(const FlashcoreParams& p, Barriers<Cfg:
 
 // Consumer warpgroup g (1 .. kConsumers in the CTA, counted from 0 here) owns query rows 64g .. 64g + 63 of each
 // item it is dealt.
-template <class Cfg, typename T>
+template <class Cfg, typename T, bool kSoftcap>
 __device__ __forceinline__ void consumer(const FlashcoreParams& p, const Maps& maps, const Items& items) {
   constexpr int kConsumers = Cfg::kConsumers, kBlockM = Cfg::kBlockM;
   // The warpgroup index through a shuffle: the compiler then knows it is warp-uniform and keeps it, and the
@@ -242,7 +247,9 @@ __device__ __forceinline__ void consumer(const FlashcoreParams& p, const Maps& m
   __half* q_tile = reinterpret_cast<__half*>(v12_smem() + Cfg::kQOffset);
   const int tid = threadIdx.x % fc::kWarpgroupThreads;
   const int r_local = 16 * (tid / 32) + (tid % 32) / 4;  // this thread's rows in the warpgroup: r_local, + 8
-  const float c = p.scale * 1.4426950408889634f;          // exp(x) = exp2(x * log2(e))
+  // exp(x) = exp2(x * log2(e)): c turns a score into log2 units, the raw S * scale or (softcap) the cap's tanh.
+  const float c = (kSoftcap ? p.softcap : p.scale) * 1.4426950408889634f;
+  const float cap_in = kSoftcap ? p.scale / p.softcap : 0.f;  // softcap: S * scale / cap, the tanh's argument
   const Descs descs = {fc::wgmma_desc_sw128(q_tile + 64 * g * 64, 16, 1024),
                        fc::wgmma_desc_sw128(reinterpret_cast<__half*>(v12_smem() + Cfg::kKOffset), 16, 1024),
                        fc::wgmma_desc_sw128(reinterpret_cast<__half*>(v12_smem() + Cfg::kVOffset), Cfg::kBlockN * 128, 1024)};
@@ -257,9 +264,11 @@ __device__ __forceinline__ void consumer(const FlashcoreParams& p, const Maps& m
   for (int round = 0, index = blockIdx.x; index < num_items(p, items); index = snake_index(++round, blockIdx.x, gridDim.x)) {
     const uint32_t q_lap = round & 1;
     const Item it = item_at<kBlockM>(p, items, index);
-    const int num_n = item_tiles<Cfg::kBlockN>(p, it);
-    // An item with no K/V tiles (causal, S > S_kv: its rows see no key) has no turns either: every consumer
-    // skips them alike, so the counts stay matched; each still takes Q_i's lap, and those with rows write them.
+    const fc::Range tiles = item_key_tiles<Cfg::kBlockN>(p, it);
+    const int num_n = tiles.end - tiles.begin;
+    // An item with no K/V tiles (its rows see no key: causal with S > S_kv, a window past either end of the keys)
+    // has no turns either: every consumer skips them alike, so the counts stay matched; each still takes Q_i's lap,
+    // and those with rows write them (O = 0, the LSE +inf or the sink).
     if (g == kConsumers - 1 && num_n > 0) turns.pass();
     if (g >= it.consumers) {
       relay_turns<Cfg>(bars, ring, turns, g, num_n, q_lap);
@@ -267,10 +276,8 @@ __device__ __forceinline__ void consumer(const FlashcoreParams& p, const Maps& m
       continue;
     }
     const int first_row = it.m0 + 64 * g;  // this warpgroup's first query row
-    // Causal, bottom-right: row i sees keys j <= i + S_kv - S. The last key this warpgroup's first row sees, and
-    // this thread's first row.
-    const int first_diag = first_row + fc::causal_offset(p);
-    const int diag0 = first_diag + r_local;
+    // Bottom-right: row i's window is centred on key i + S_kv - S (its diagonal): this thread's first row's.
+    const int diag0 = first_row + fc::causal_offset(p) + r_local;
 
     float o[Cfg::kOCols / 2];  // O_i's fragment, then the l columns
 #pragma unroll
@@ -280,7 +287,9 @@ __device__ __forceinline__ void consumer(const FlashcoreParams& p, const Maps& m
     if (num_n == 0) {
       release(&bars.q_empty);  // no row sees a key: O = 0 and l = 0 (LSE +inf), straight to the epilogue
     } else {
-      mainloop<Cfg, T>(p, bars, ring, turns, descs, g, num_n, c, first_diag, diag0, o, st);
+      const Ring<Cfg::kStages> item_ring = {ring.t - tiles.begin};  // indexed by key tile
+      mainloop<Cfg, T, kSoftcap>(p, bars, item_ring, turns, descs, g, tiles.begin, tiles.end, c, cap_in,
+                                 unmasked_tiles<Cfg::kBlockN>(p, first_row), diag0, o, st);
     }
     ring.t += num_n;
     const int bh = item_at<kBlockM>(p, items, index).bh;  // recomputed: one register fewer through the loop
@@ -288,7 +297,7 @@ __device__ __forceinline__ void consumer(const FlashcoreParams& p, const Maps& m
   }
 }
 
-template <int kHeadDim, int kBlockN, int kConsumers, int kStages, typename T>
+template <int kHeadDim, int kBlockN, int kConsumers, int kStages, typename T, bool kSoftcap>
 __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>::kThreads, 1)
     v12_fwd(const FlashcoreParams p, const __grid_constant__ Maps maps, const Items items) {
   using Cfg = Config<kHeadDim, kBlockN, kConsumers, kStages>;
@@ -301,5 +310,5 @@ __global__ void __launch_bounds__(Config<kHeadDim, kBlockN, kConsumers, kStages>
     return;
   }
   fc::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  consumer<Cfg, T>(p, maps, items);
+  consumer<Cfg, T, kSoftcap>(p, maps, items);
 }

@@ -1,6 +1,6 @@
 // sm90/tile_scheduler_sm90.cuh — v12's tile scheduler: the work list of items (query rows of one head), dealt to
-// persistent CTAs in snake rounds, the key tiles each item reads and masks (bottom-right causal, S_kv), the K/V
-// head of a query head (grouped-query), and on the host the planner that picks the kernel and the list by
+// persistent CTAs in snake rounds, the key tiles each item reads and masks (bottom-right causal or a window, S_kv),
+// the K/V head of a query head (grouped-query), and on the host the planner that picks the kernel and the list by
 // replaying the rounds. Host and device alike (tests/fixtures/hosts/v12_items.cu checks it without a GPU).
 #pragma once
 
@@ -15,8 +15,10 @@
 // kBlockM - 64 rows per head (mixed grids only, D = 64: three consumers, so the small items run with one
 // fewer and fill the last round). The CTAs are persistent, one per SM, and deal the list out in rounds that
 // alternate direction: in round r CTA c runs item r * #CTAs + c (r even) or r * #CTAs + #CTAs - 1 - c (r odd).
-// Causal lists go longest first, so the snake pairs a CTA's heavy items with light ones (2,16,4096 causal, the
-// busiest CTA's load in 128-row tiles: 144 dealt straight, 128 by the snake, 128 the mean).
+// Lists whose items grow with their rows (causal, or any window bounded on the right only) go longest first, so
+// the snake pairs a CTA's heavy items with light ones (2,16,4096 causal, the busiest CTA's load in 128-row tiles:
+// 144 dealt straight, 128 by the snake, 128 the mean). A window bounded on the left gives every item about the same
+// tiles (lighter ones only at a head's ends): its lists keep a head's items side by side, which share K/V in L2.
 struct Items {
   int big, small;  // items per head
 };
@@ -30,13 +32,18 @@ __host__ __device__ __forceinline__ int snake_index(int round, int cta, int ctas
   return round * ctas + ((round & 1) ? ctas - 1 - cta : cta);
 }
 
+// Whether the list goes longest first: an item's key tiles grow with its rows (causal: window (-1, 0); (-1, w)).
+__host__ __device__ __forceinline__ bool longest_first(const FlashcoreParams& p) {
+  return p.window_left < 0 && p.window_right >= 0;
+}
+
 template <int kBlockM>
 __host__ __device__ __forceinline__ Item item_at(const FlashcoreParams& p, Items items, int index) {
   const int heads = p.batch * p.heads;
   Item it;
   int rows = kBlockM;
   if (index < items.big * heads) {
-    if (p.causal) {  // longest rows first, across every head: the last round gets the light items
+    if (longest_first(p)) {  // longest rows first, across every head: the last round gets the light items
       it.m0 = (items.big - 1 - index / heads) * kBlockM;
       it.bh = index % heads;
     } else {  // a head's query tiles side by side: they walk its K and V together through L2
@@ -53,21 +60,39 @@ __host__ __device__ __forceinline__ Item item_at(const FlashcoreParams& p, Items
   return it;
 }
 
-// K/V tiles an item reads: every tile of S_kv keys, or (causal) those left of its last row's diagonal, which
-// the offset S_kv - S shifts; none when S > S_kv and its rows all lie above the first key's diagonal.
+// K/V tiles an item reads, [begin, end) in tiles of kBlockN keys (fc::visible_keys over its consumers' rows, rows
+// past S included): every tile of S_kv keys, or those its rows' window reaches (causal: left of its last row's
+// diagonal, which the offset S_kv - S shifts); none (begin >= end) when its rows see no key (S > S_kv causal, a window
+// past either end of the keys). The producer and every consumer walk exactly these.
+template <int kBlockN>
+__host__ __device__ __forceinline__ fc::Range item_key_tiles(const FlashcoreParams& p, const Item& it) {
+  const fc::Range keys = fc::visible_keys(p, it.m0, it.m0 + 64 * it.consumers);
+  if (keys.end <= keys.begin) return {0, 0};
+  return {keys.begin / kBlockN, fc::ceil_div(keys.end, kBlockN)};
+}
+
 template <int kBlockN>
 __host__ __device__ __forceinline__ int item_tiles(const FlashcoreParams& p, const Item& it) {
-  const int keys = p.causal ? min(p.seq_len_kv, it.m0 + 64 * it.consumers + fc::causal_offset(p)) : p.seq_len_kv;
-  return fc::ceil_div(max(keys, 0), kBlockN);
+  const fc::Range tiles = item_key_tiles<kBlockN>(p, it);
+  return tiles.end - tiles.begin;
+}
+
+// The K/V tiles every row of a warpgroup (64 rows from first_row, rows past S included) sees whole: those need no
+// mask. Every other tile of its item is masked: it reaches past S_kv, or a row's window cuts it (right of the
+// diagonal under causal, or left of a left-bounded window's start). begin >= end: every tile is masked.
+template <int kBlockN>
+__host__ __device__ __forceinline__ fc::Range unmasked_tiles(const FlashcoreParams& p, int first_row) {
+  const fc::Range keys = fc::fully_visible_keys(p, first_row, first_row + 64);
+  if (keys.end <= keys.begin) return {0, 0};
+  return {fc::ceil_div(keys.begin, kBlockN), keys.end / kBlockN};
 }
 
 // Whether K/V tile n needs the mask for a warpgroup whose first row sees keys up to first_diag (its row +
-// S_kv - S): the tile reaches past S_kv or (causal) right of that diagonal. Every other tile is visible whole
-// to each of the warpgroup's rows.
+// S_kv - S): unmasked_tiles for that warpgroup.
 template <int kBlockN>
 __host__ __device__ __forceinline__ bool tile_needs_mask(const FlashcoreParams& p, int n, int first_diag) {
-  const int last_col = (n + 1) * kBlockN - 1;
-  return last_col >= p.seq_len_kv || (p.causal && last_col > first_diag);
+  const fc::Range whole = unmasked_tiles<kBlockN>(p, first_diag - fc::causal_offset(p));
+  return n < whole.begin || n >= whole.end;
 }
 
 // The K/V head of query head bh = b * H + h (grouped-query: H / H_kv query heads share one): b * H_kv + h / (H /
@@ -80,7 +105,9 @@ __host__ __device__ __forceinline__ int kv_head(const FlashcoreParams& p, int bh
 // one (measured 1.32-1.37x), but 192-row items quantize the work into fewer, longer rounds. So the item list
 // is chosen by replaying the persistent CTAs' rounds (snake_index) with those costs: the
 // plan whose busiest CTA finishes first wins (ties: the plain 2-consumer list). Candidates: plain lists of
-// 128 or 192 rows, and mixed lists that end every head with 128-row items instead of its last k 192-row ones.
+// 128 or 192 rows, and mixed lists that end every head with 128-row items instead of its last k 192-row ones. An
+// item's cost is also in proportion to its key tiles (+ 1 for its Q_i, first S and epilogue): uniform without a
+// window (the choice is the one by consumers alone), and what balances a windowed list.
 struct Plan {
   int consumers;  // 1, 2 or 3: the kernel
   Items items;
@@ -95,7 +122,9 @@ static double items_makespan(const FlashcoreParams& p, Items items, int sms) {
   for (int round = 0; round * ctas < num_items; ++round)
     for (int cta = 0; cta < ctas; ++cta) {
       const int index = snake_index(round, cta, ctas);
-      if (index < num_items) busy[cta] += kCost[item_at<kBlockM>(p, items, index).consumers];
+      if (index >= num_items) continue;
+      const Item it = item_at<kBlockM>(p, items, index);
+      busy[cta] += kCost[it.consumers] * (item_tiles<kKeysPerTile>(p, it) + 1);
     }
   return *std::max_element(busy.begin(), busy.end());
 }
@@ -109,14 +138,16 @@ static Plan plan_d64(const FlashcoreParams& p) {
   // (256 items, two rounds) 21.6 us against 16.8 for one round of 128 two-consumer items.
   const int tiles64 = fc::ceil_div(p.seq_len, 64);
   if (bh * tiles64 <= sms) return {1, {tiles64, 0}};
-  if (p.causal) return tiles192 * bh >= 8L * sms ? plain3 : plain2;  // causal: 336 vs 343 TFLOP/s at 4096 rows
+  // causal: 336 vs 343 TFLOP/s at 4096 rows. A window bounded on the left is replayed below, by its items' tiles.
+  if (p.causal && p.window_left < 0) return tiles192 * bh >= 8L * sms ? plain3 : plain2;
   if (bh * tiles128 > 24L * sms) return plain3;  // 24+ waves: quantization is noise, 192 rows win per SM
   // The last plan asked for, kept: replaying ~10 plans of up to 24 rounds costs tens of microseconds a call.
   static std::mutex mutex;
-  static long last_key[3] = {-1, -1, -1};
+  static long last_key[6] = {-1, -1, -1, -1, -1, -1};
   static Plan last_plan;
   const std::lock_guard<std::mutex> lock(mutex);
-  if (last_key[0] == bh && last_key[1] == p.seq_len && last_key[2] == sms) return last_plan;
+  const long key[6] = {bh, p.seq_len, sms, p.seq_len_kv, p.window_left, p.window_right};
+  if (std::equal(key, key + 6, last_key)) return last_plan;
   Plan best = plain2;
   double best_time = items_makespan<128>(p, plain2.items, sms);
   auto consider = [&](Plan plan) {
@@ -128,7 +159,7 @@ static Plan plan_d64(const FlashcoreParams& p) {
     const int big = p.seq_len / 192 - k;
     consider({3, {big, fc::ceil_div(p.seq_len - 192 * big, 128)}});
   }
-  last_key[0] = bh, last_key[1] = p.seq_len, last_key[2] = sms;
+  std::copy(key, key + 6, last_key);
   last_plan = best;
   return best;
 }

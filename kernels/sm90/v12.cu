@@ -25,11 +25,27 @@
 // build before (H200, cold): 2,16,4096,128 413.8 vs 433.3 us, 2,16,4096,64 280.5 vs 280.6, 1,8,512,64 9.2 vs 9.1;
 // chunked prefill 1,32:8,512:8192,128 111.7 us against cuDNN's 113.4 (docs/results/h200.json).
 //
+// The attention family (flashcore.h), forward:
+//   - Window: an item walks only the key tiles its rows' windows reach (item_key_tiles: fc::visible_keys over its
+//     rows), the producer and every consumer alike, so tiles a window hides on either side are never loaded. Only
+//     tiles outside a warpgroup's fc::fully_visible_keys (cut by the window's left edge, the diagonal or its right
+//     edge, or S_kv) run the masked softmax copy; the rest run the dense one unchanged. An item whose rows see no
+//     key (a window past either end, S > S_kv causal) takes no tiles and writes O = 0 and LSE +inf (or the sink).
+//     Lists of items that grow with their rows (causal, windows bounded on the right only) go longest first; others
+//     keep a head's items side by side, and D = 64's planner weighs items by their tiles. Windows reaching past
+//     every key become unbounded before launch (clip_window).
+//   - Softcap: a second instantiation of every kernel (a bool; the plain ones are unchanged): the softmax takes
+//     tanh(S * scale / cap) (fc::tanh_fast, before the mask) with cap * log2(e) as its scale, so max, exp2, l and
+//     the LSE are all on the capped score.
+//   - Sinks: the epilogue folds the query head's sink into l, O's factor and the LSE (fc::finish_row_log2), in a
+//     uniform branch taken only when p.sinks is given.
+//
 // Configuration: 128 keys per K/V tile. D=128: 2 consumers (225 KB of shared memory). D=64: 2 or 3 consumers,
 // and with 3 the list may end each head with 128-row items run by two: plan_d64 replays the rounds for each
 // candidate list and keeps the one whose busiest CTA finishes first; 1 consumer and 4 slots when the grid is
 // one wave of 64-row items (short sequences, below).
-// ptxas (`flashcore ptxas v12`): 0 spills, 0 stack, 1 CTA/SM; producer 24-32 registers, consumers 160-240.
+// ptxas (`flashcore ptxas v12`): 0 spills, 0 stack, 1 CTA/SM; producer 24-32 registers, consumers 160-240; 16
+// forward kernels (4 configurations x 2 dtypes, each with and without the softcap).
 //
 // Run:  flashcore test v12 && flashcore bench v12 --shape 2,16,4096,128 && flashcore sass v12
 //
@@ -71,7 +87,8 @@ const char* launch(const FlashcoreParams& p, Items items, cudaStream_t stream) {
   constexpr int kHeadDim = Cfg::kHeadDim, kBlockN = Cfg::kBlockN, kBlockM = Cfg::kBlockM;
   constexpr CUtensorMapDataType kType =
       std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const auto kernel = v12_fwd<kHeadDim, kBlockN, Cfg::kConsumers, Cfg::kStages, T>;
+  const auto kernel = p.softcap > 0.f ? v12_fwd<kHeadDim, kBlockN, Cfg::kConsumers, Cfg::kStages, T, true>
+                                      : v12_fwd<kHeadDim, kBlockN, Cfg::kConsumers, Cfg::kStages, T, false>;
   if (const char* err = fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes)) return err;
   const int bh = p.batch * p.heads, bh_kv = p.batch * p.heads_kv;
   Maps maps;
@@ -89,30 +106,35 @@ const char* launch(const FlashcoreParams& p, Items items, cudaStream_t stream) {
 int flashcore_dtypes() { return (1 << kFlashcoreFloat16) | (1 << kFlashcoreBFloat16); }
 
 // The backward: sm90/v12_bwd.cu.
-int flashcore_features() { return kFlashcoreGqa | kFlashcoreSeqLenKv | kFlashcoreLse | kFlashcoreBackward; }
+int flashcore_features() {
+  return kFlashcoreGqa | kFlashcoreSeqLenKv | kFlashcoreLse | kFlashcoreBackward | kFlashcoreWindow |
+         kFlashcoreSoftcap | kFlashcoreSinks;
+}
 
 int v12_backward_plan(int head_dim, FlashcoreKernelPlan* plans);
 
-template <class Cfg, class T>
+template <class Cfg, class T, bool kSoftcap>
 static FlashcoreKernelPlan plan_of() {
-  return {FC_PLAN_NAME(v12_fwd, Cfg::kHeadDim, Cfg::kBlockN, Cfg::kConsumers, Cfg::kStages, fc::type_name<T>()),
+  return {FC_PLAN_NAME(v12_fwd, Cfg::kHeadDim, Cfg::kBlockN, Cfg::kConsumers, Cfg::kStages, fc::type_name<T>(),
+                       kSoftcap),
           Cfg::kThreads, Cfg::kSmemBytes};
 }
 
-// The forward's kernels, then the backward's (sm90/v12_bwd.cu).
+// The forward's kernels (each without and with the softcap), then the backward's (sm90/v12_bwd.cu).
+template <bool kSoftcap>
 static int forward_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
   if (head_dim == 64 && max_plans >= 6) {
-    plans[0] = plan_of<Cfg64, __half>();
-    plans[1] = plan_of<Cfg64Wide, __half>();
-    plans[2] = plan_of<Cfg64Short, __half>();
-    plans[3] = plan_of<Cfg64, __nv_bfloat16>();
-    plans[4] = plan_of<Cfg64Wide, __nv_bfloat16>();
-    plans[5] = plan_of<Cfg64Short, __nv_bfloat16>();
+    plans[0] = plan_of<Cfg64, __half, kSoftcap>();
+    plans[1] = plan_of<Cfg64Wide, __half, kSoftcap>();
+    plans[2] = plan_of<Cfg64Short, __half, kSoftcap>();
+    plans[3] = plan_of<Cfg64, __nv_bfloat16, kSoftcap>();
+    plans[4] = plan_of<Cfg64Wide, __nv_bfloat16, kSoftcap>();
+    plans[5] = plan_of<Cfg64Short, __nv_bfloat16, kSoftcap>();
     return 6;
   }
   if (head_dim == 128 && max_plans >= 2) {
-    plans[0] = plan_of<Cfg128, __half>();
-    plans[1] = plan_of<Cfg128, __nv_bfloat16>();
+    plans[0] = plan_of<Cfg128, __half, kSoftcap>();
+    plans[1] = plan_of<Cfg128, __nv_bfloat16, kSoftcap>();
     return 2;
   }
   return 0;
@@ -120,8 +142,9 @@ static int forward_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans)
 
 int flashcore_plan(int head_dim, FlashcoreKernelPlan* plans, int max_plans) {
   FlashcoreKernelPlan all[kFlashcoreMaxPlans];
-  int count = forward_plan(head_dim, all, kFlashcoreMaxPlans);
+  int count = forward_plan<false>(head_dim, all, kFlashcoreMaxPlans);
   if (count == 0) return 0;
+  count += forward_plan<true>(head_dim, all + count, kFlashcoreMaxPlans - count);
   count += v12_backward_plan(head_dim, all + count);
   const int n = max_plans < count ? max_plans : count;
   for (int i = 0; i < n; ++i) plans[i] = all[i];
@@ -144,7 +167,18 @@ static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
   }
 }
 
-const char* flashcore_forward(const FlashcoreParams& p, cudaStream_t stream) {
-  if (!(p.scale > 0.f)) return fc::message("v12 needs a positive softmax scale (got %g)", p.scale);
+// The call's window with each edge that reaches past every key made unbounded (-1; causal's right edge 0 stays 0):
+// the same keys for every row, and the tile arithmetic (row + S_kv - S +- window, fc::visible_keys) stays within
+// int for windows up to the binding's 2^31 - 1.
+static FlashcoreParams clip_window(const FlashcoreParams& p) {
+  FlashcoreParams c = p;
+  if (c.window_left >= c.seq_len_kv - 1) c.window_left = -1;     // row i's first key i + S_kv - S - left <= 0
+  if (c.window_right > 0 && c.window_right >= c.seq_len - 1) c.window_right = -1;  // its last >= S_kv - 1
+  return c;
+}
+
+const char* flashcore_forward(const FlashcoreParams& params, cudaStream_t stream) {
+  if (!(params.scale > 0.f)) return fc::message("v12 needs a positive softmax scale (got %g)", params.scale);
+  const FlashcoreParams p = clip_window(params);
   return p.dtype == kFlashcoreBFloat16 ? forward<__nv_bfloat16>(p, stream) : forward<__half>(p, stream);
 }
