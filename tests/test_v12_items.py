@@ -72,3 +72,35 @@ def test_v12_work_check_rejects_a_malformed_shape(items_check):
     assert proc.returncode == 1 and proc.stdout.startswith("FAIL 2,16,4096: not B,H,S,D,causal")
     proc = subprocess.run([str(items_check), "2,16,4096,64,1,4096,5"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "H_kv dividing H" in proc.stdout
+
+
+WINDOW_SOURCE = ROOT / "tests" / "fixtures" / "hosts" / "v12_items_window.cu"
+
+
+def window_cases(count: int, seed: int) -> list[str]:
+    """B,H,S,D,causal,S_kv,H_kv,left,right: the issue's rows, windows of one key and of more than the keys, windows
+    that leave items empty (S > S_kv, a window ending before key 0), two-sided and huge windows, then random ones."""
+    import random
+
+    big = 2**31 - 1
+    fixed = ["1,16,16384,128,1,16384,16,1024,0", "2,16,8192,64,1,8192,16,4096,0", "2,16,8192,64,1,8192,16,128,0",
+             "1,8,512,64,1,512,8,0,0", "1,8,512,64,0,512,8,64,64", "1,4,1500,128,1,700,4,32,0",
+             "1,4,129,64,0,1,4,5,5", f"1,4,1000,64,0,1000,4,{big},{big}", f"1,4,300,128,1,1000,2,{big},0",
+             "1,4,700,64,0,1500,4,-1,7", "2,8,1000,64,0,300,2,0,2000"]  # fmt: skip
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        hkv = rng.choice([1, 2, 4])
+        s = rng.choice([rng.randint(1, 300), rng.randint(300, 3000)])
+        skv = rng.choice([s, rng.randint(1, 3000)])
+        left = rng.choice([-1, 0, 1, 63, 64, 127, 128, 200, 1024, rng.randint(0, 4000), big])
+        right = rng.choice([-1, 0, 0, 1, 7, rng.randint(0, 300), big])
+        causal = int(right == 0)
+        cases.append(f"{rng.randint(1, 2)},{hkv * rng.choice([1, 2, 4])},{s},{rng.choice([64, 128])},{causal},{skv},{hkv},"
+                     f"{left},{right}")  # fmt: skip
+    return fixed + cases
+
+
+def test_v12_work_list_under_windows_reads_only_the_tiles_its_rows_see(tmp_path_factory):
+    exe = host_check_program(tmp_path_factory, WINDOW_SOURCE, "compute_90a")
+    run_host_check(exe, window_cases(600, 47))
