@@ -165,8 +165,8 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
       gemm_qk<T, kHeadDim, kBlockM, Cfg::kBlockN>(dpt, desc_v, desc_do + s * kStageStep);
       fc::wgmma_fence_operands(dpt);
       const float* stats = reinterpret_cast<const float*>(smem + Cfg::kStatsOffset + s * Cfg::kStatsBytes);
-      // P^T and dS^T, masked where the window cuts this consumer's keys against the step's queries
-      auto to_gradients = [&] {
+      // P^T, and dS^T with it: masked where the window cuts this consumer's keys against the step's queries
+      auto to_probabilities = [&] {
         BwdQueryBounds qb[2] = {};
         if (mask) qb[0] = bwd_query_bounds(p, n0 + key_row()), qb[1] = bwd_query_bounds(p, n0 + key_row() + 8);
         if constexpr (kSoftcap) {
@@ -188,7 +188,7 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
       fc::wgmma_wait<0>();
       fc::wgmma_fence_operands(st);
       fc::wgmma_fence_operands(dpt);
-      to_gradients();
+      to_probabilities();
       if constexpr (kSoftcap) {  // all of P^T, dS^T before the packing: interleaved with it and dV's issue, the
         fc::wgmma_fence_operands(st);  // capped steps spilled 152 bytes at D = 64 (ptxas)
         fc::wgmma_fence_operands(dpt);
