@@ -36,9 +36,9 @@
 constexpr int kTileReaders = 1 + 32 + 2 * fc::kWarpgroupThreads;
 
 // P^T = exp2(S^T * scale log2 e - LSE_i log2 e) in place, on a 64-key x kBlockM tile whose columns are queries
-// (this thread: columns 8j + 2(t%4) + {0, 1}; rows r, r + 8 of its warp's 16 keys). Masked (a step the window cuts):
-// P = 0 outside each key's visible queries, qb[0] for key row r, qb[1] for r + 8 (bwd_query_bounds). Padding queries
-// (LSE +inf) get 0.
+// (this thread: columns 8j + 2(t%4) + {0, 1}; rows r, r + 8 of its warp's 16 keys). Masked (bwd_needs_mask): P = 0
+// outside each key's visible queries, qb[0] for key row r, qb[1] for r + 8 (bwd_query_bounds: none for keys past
+// S_kv). Padding queries (LSE +inf) get 0.
 template <int kBlockM, bool kMask>
 __device__ __forceinline__ void probabilities(float (&st)[kBlockM / 2], const float* lse2, float scale_log2,
                                               const BwdQueryBounds (&qb)[2], int query0) {
@@ -149,6 +149,7 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
   for (int round = 0; bwd_take_tile<Cfg>(p, round, tile); ++round) {
     const BwdSteps steps = bwd_steps<Cfg::kBlockN, Cfg::kBlockM>(p, tile.n_block, tile.bh_kv);
     const int n0 = tile.n_block * Cfg::kBlockN;
+    const BwdQueryBounds unmasked = bwd_unmasked_steps<kBlockM>(p, n0 + 64 * g);  // bwd_needs_mask, per tile
     float dv[kHeadDim / 2], dk[kHeadDim / 2];
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.f;
@@ -156,7 +157,6 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
     for (int step = 0; step < steps.count; ++step, ++it) {
       const int s = it & 1;
       const int m0 = steps.m0(step, kBlockM);
-      const bool mask = bwd_needs_mask<kBlockM>(p, n0 + 64 * g, m0);  // the window cuts these keys against the queries
       fc::mbarrier_wait_parity(&bars.full[s], (it >> 1) & 1);
       // S^T = K_j Q_i^T, dP^T = V_j dO_i^T (64 keys x kBlockM queries)
       float st[kBlockM / 2], dpt[kBlockM / 2];
@@ -165,8 +165,10 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
       gemm_qk<T, kHeadDim, kBlockM, Cfg::kBlockN>(dpt, desc_v, desc_do + s * kStageStep);
       fc::wgmma_fence_operands(dpt);
       const float* stats = reinterpret_cast<const float*>(smem + Cfg::kStatsOffset + s * Cfg::kStatsBytes);
-      // P^T, and dS^T with it: masked where the window cuts this consumer's keys against the step's queries
+      // P^T, and dS^T with it: masked where the window cuts this consumer's keys against the step's queries, or where
+      // they reach past S_kv (bwd_needs_mask)
       auto to_probabilities = [&] {
+        const bool mask = m0 < unmasked.first || m0 > unmasked.last;
         BwdQueryBounds qb[2] = {};
         if (mask) qb[0] = bwd_query_bounds(p, n0 + key_row()), qb[1] = bwd_query_bounds(p, n0 + key_row() + 8);
         if constexpr (kSoftcap) {

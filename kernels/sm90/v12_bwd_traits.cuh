@@ -145,24 +145,46 @@ __host__ __device__ inline BwdSteps bwd_steps(const FlashcoreParams& p, int n_bl
 }
 
 // Whether a consumer's 64 keys from first_key need the per-element mask against the query block at m0: some key
-// lies outside some query's window (right of its right edge, causal's diagonal, or left of its left edge). Keys past
-// S_kv and queries past S need none: their K, V, Q, dO rows load as zeros and their LSE is +inf, so what they add
-// is zero or never stored. A query that sees no key at all (its LSE +inf, or its sink's) is masked wherever it is.
+// lies outside some query's window (right of its right edge, causal's diagonal, or left of its left edge), or past
+// S_kv. Keys past S_kv load as zeros (score 0), and unmasked their P = exp2(-LSE) would overflow the 16-bit P and dS
+// for a row whose LSE is below about -11 (fp16: a softcapped row of saturated negative scores, one that sees few
+// keys), and dS K_j's zero rows make that NaN in dQ: masked, they add nothing. Queries past S need none: their Q,
+// dO rows load as zeros and their LSE is +inf (P = 0). A query that sees no key at all (its LSE +inf, or its sink's)
+// is masked wherever it is.
 template <int kBlockM>
 __host__ __device__ inline bool bwd_needs_mask(const FlashcoreParams& p, int first_key, int m0) {
+  if (first_key + 64 > p.seq_len_kv) return true;
   if (!fc::masked(p)) return false;
   const fc::Range all = fc::fully_visible_keys(p, m0, min(m0 + kBlockM, p.seq_len));
-  return first_key < all.begin || min(first_key + 64, p.seq_len_kv) > all.end;
+  return first_key < all.begin || first_key + 64 > all.end;
 }
 
 // The queries that see key `key` (fc::key_visible solved for the row): [first, last], INT_MIN / INT_MAX where the
-// window has no such edge. A consumer thread takes these once per key of its fragment on a masked step.
+// window has no such edge; none (first > last) for a key past S_kv. A consumer thread takes these once per key of its
+// fragment on a masked step.
 struct BwdQueryBounds {
   int first, last;
 };
 __host__ __device__ __forceinline__ BwdQueryBounds bwd_query_bounds(const FlashcoreParams& p, int key) {
   const int diag = key - fc::causal_offset(p);  // the query whose diagonal holds this key
-  return {p.window_right < 0 ? INT_MIN : diag - p.window_right, p.window_left < 0 ? INT_MAX : diag + p.window_left};
+  const int past = (p.seq_len_kv - 1 - key) >> 31;  // -1 for a key past S_kv, else 0 (no select: 0 spills at D = 64)
+  return {p.window_right < 0 ? INT_MIN : diag - p.window_right,
+          min(p.window_left < 0 ? INT_MAX : diag + p.window_left, past ^ INT_MAX)};
+}
+
+// The same per tile: the steps whose first query row m0 lies in [first, last] need no mask for a consumer's 64 keys
+// from first_key (none where first > last): a step tests m0 against two bounds taken once per tile.
+// bwd_needs_mask(p, first_key, m0) == !(first <= m0 <= last) for every m0 < S (the host check holds them to it).
+template <int kBlockM>
+__host__ __device__ inline BwdQueryBounds bwd_unmasked_steps(const FlashcoreParams& p, int first_key) {
+  if (first_key + 64 > p.seq_len_kv) return {INT_MAX, INT_MIN};  // keys past S_kv: every step
+  if (!fc::masked(p)) return {INT_MIN, INT_MAX};
+  const int off = fc::causal_offset(p);
+  // the right edge: the step's first row sees the last key; the left edge: its last row (within S) sees the first
+  const int first = p.window_right < 0 ? INT_MIN : first_key + 63 - off - p.window_right;
+  const int last_row = first_key - off + p.window_left;  // the last row whose left edge reaches first_key
+  const int last = p.window_left < 0 || last_row >= p.seq_len - 1 ? INT_MAX : last_row - kBlockM + 1;
+  return {first, last};
 }
 
 using BwdCfg64 = BwdConfig<64, 128>;
