@@ -11,6 +11,7 @@
 #include "common/bwd_passes.cuh"
 #include "sm90/consumer_sm90.cuh"
 #include "sm90/epilogue_bwd_sm90.cuh"
+#include "common/family.cuh"
 #include "flashcore.h"
 #include "common/hopper.cuh"
 #include "sm90/producer_bwd_sm90.cuh"
@@ -35,11 +36,12 @@
 constexpr int kTileReaders = 1 + 32 + 2 * fc::kWarpgroupThreads;
 
 // P^T = exp2(S^T * scale log2 e - LSE_i log2 e) in place, on a 64-key x kBlockM tile whose columns are queries
-// (this thread: columns 8j + 2(t%4) + {0, 1}; rows r, r + 8 of its warp's 16 keys). Causal: keys right of a
-// query's diagonal (key > query + S_kv - S) get P = 0. Padding queries (LSE +inf) get 0.
+// (this thread: columns 8j + 2(t%4) + {0, 1}; rows r, r + 8 of its warp's 16 keys). Masked (bwd_needs_mask): P = 0
+// outside each key's visible queries, qb[0] for key row r, qb[1] for r + 8 (bwd_query_bounds: none for keys past
+// S_kv). Padding queries (LSE +inf) get 0.
 template <int kBlockM, bool kMask>
-__device__ __forceinline__ void probabilities(float (&st)[kBlockM / 2], const float* lse2, float scale_log2, int key0,
-                                              int query0, int offset) {
+__device__ __forceinline__ void probabilities(float (&st)[kBlockM / 2], const float* lse2, float scale_log2,
+                                              const BwdQueryBounds (&qb)[2], int query0) {
   const int t = threadIdx.x % 4;
 #pragma unroll
   for (int j = 0; j < kBlockM / 8; ++j) {
@@ -48,8 +50,8 @@ __device__ __forceinline__ void probabilities(float (&st)[kBlockM / 2], const fl
     for (int e = 0; e < 4; ++e) {
       float pr = exp2f(fmaf(st[4 * j + e], scale_log2, -((e & 1) ? l.y : l.x)));
       if (kMask) {
-        const int key = key0 + (e >> 1) * 8, query = query0 + 8 * j + 2 * t + (e & 1);
-        if (key > query + offset) pr = 0.f;
+        const int query = query0 + 8 * j + 2 * t + (e & 1);
+        if (query < qb[e >> 1].first || query > qb[e >> 1].last) pr = 0.f;
       }
       st[4 * j + e] = pr;
     }
@@ -68,7 +70,32 @@ __device__ __forceinline__ void score_gradients(const float (&pt)[kBlockM / 2], 
   }
 }
 
-template <class Cfg, typename T>
+// Softcap c: P^T and dS^T of the capped scores, in place of S^T and dP^T (the layout above). t = tanh(S^T scale / c)
+// as the forward takes it (fc::tanh_fast) replaces S^T; dP^T - D_i takes its factor 1 - t^2 (the tanh's derivative:
+// what turns the capped score's gradient into the raw score scale q.k's, which dQ and dK take as they take the
+// uncapped one); then P^T = exp2(c t log2 e - LSE_i log2 e) replaces t (the forward's LSE is the capped scores'),
+// masked as probabilities() masks, and dS^T = P^T o (dP^T - D_i) o (1 - t^2). No array beyond S^T and dP^T.
+template <int kBlockM, bool kMask>
+__device__ __forceinline__ void capped_gradients(float (&st)[kBlockM / 2], float (&dpt)[kBlockM / 2], const float* lse2,
+                                                 const float* dsum, float scale_over_cap, float cap_log2,
+                                                 const BwdQueryBounds (&qb)[2], int query0) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int i = 0; i < kBlockM / 2; ++i) st[i] = fc::tanh_fast(st[i] * scale_over_cap);
+#pragma unroll
+  for (int j = 0; j < kBlockM / 8; ++j) {
+    const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * j + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      dpt[4 * j + e] = (dpt[4 * j + e] - ((e & 1) ? d.y : d.x)) * fmaf(-st[4 * j + e], st[4 * j + e], 1.f);
+    }
+  }
+  probabilities<kBlockM, kMask>(st, lse2, cap_log2, qb, query0);
+#pragma unroll
+  for (int i = 0; i < kBlockM / 2; ++i) dpt[i] *= st[i];
+}
+
+template <class Cfg, typename T, bool kSoftcap>
 __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, const Workspace& w, const BwdMaps& maps) {
   constexpr int kBlockM = Cfg::kBlockM, kHeadDim = Cfg::kHeadDim;
   const FlashcoreParams& p = b.fwd;
@@ -80,10 +107,10 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
   const bool tid0 = threadIdx.x % fc::kWarpgroupThreads == 0;
   BwdBarriers& bars = bwd_barriers<Cfg>();
   unsigned char* smem = v12_bwd_smem();
-  const int offset = fc::causal_offset(p);
   // this thread's first key in the CTA's block (+ 8: second)
   auto key_row = [&] { return 64 * g + 16 * warp + lane() / 4; };
   const float scale_log2 = p.scale * kBwdLog2e;
+  const float scale_over_cap = kSoftcap ? p.scale / p.softcap : 0.f, cap_log2 = kSoftcap ? p.softcap * kBwdLog2e : 0.f;
   const int dq_row_half = Cfg::kDqByRows ? g : 0, dq_col_half = Cfg::kDqByRows ? 0 : g;
 
   // Descriptors: K_j, V_j rows of this warpgroup as K-major A; Q_i, dO_i as K-major B (S^T, dP^T) and N-major B
@@ -122,6 +149,7 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
   for (int round = 0; bwd_take_tile<Cfg>(p, round, tile); ++round) {
     const BwdSteps steps = bwd_steps<Cfg::kBlockN, Cfg::kBlockM>(p, tile.n_block, tile.bh_kv);
     const int n0 = tile.n_block * Cfg::kBlockN;
+    const BwdQueryBounds unmasked = bwd_unmasked_steps<kBlockM>(p, n0 + 64 * g);  // bwd_needs_mask, per tile
     float dv[kHeadDim / 2], dk[kHeadDim / 2];
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) dv[i] = dk[i] = 0.f;
@@ -137,11 +165,25 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
       gemm_qk<T, kHeadDim, kBlockM, Cfg::kBlockN>(dpt, desc_v, desc_do + s * kStageStep);
       fc::wgmma_fence_operands(dpt);
       const float* stats = reinterpret_cast<const float*>(smem + Cfg::kStatsOffset + s * Cfg::kStatsBytes);
+      // P^T, and dS^T with it: masked where the window cuts this consumer's keys against the step's queries, or where
+      // they reach past S_kv (bwd_needs_mask)
       auto to_probabilities = [&] {
-        if (bwd_needs_mask(p, n0 + 64 * g, m0)) {
-          probabilities<kBlockM, true>(st, stats, scale_log2, n0 + key_row(), m0, offset);
+        const bool mask = m0 < unmasked.first || m0 > unmasked.last;
+        BwdQueryBounds qb[2] = {};
+        if (mask) qb[0] = bwd_query_bounds(p, n0 + key_row()), qb[1] = bwd_query_bounds(p, n0 + key_row() + 8);
+        if constexpr (kSoftcap) {
+          if (mask) {
+            capped_gradients<kBlockM, true>(st, dpt, stats, stats + kBlockM, scale_over_cap, cap_log2, qb, m0);
+          } else {
+            capped_gradients<kBlockM, false>(st, dpt, stats, stats + kBlockM, scale_over_cap, cap_log2, qb, m0);
+          }
         } else {
-          probabilities<kBlockM, false>(st, stats, scale_log2, n0 + key_row(), m0, offset);
+          if (mask) {
+            probabilities<kBlockM, true>(st, stats, scale_log2, qb, m0);
+          } else {
+            probabilities<kBlockM, false>(st, stats, scale_log2, qb, m0);
+          }
+          score_gradients<kBlockM>(st, dpt, stats + kBlockM);
         }
       };
       uint32_t pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
@@ -149,7 +191,10 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
       fc::wgmma_fence_operands(st);
       fc::wgmma_fence_operands(dpt);
       to_probabilities();
-      score_gradients<kBlockM>(st, dpt, stats + kBlockM);
+      if constexpr (kSoftcap) {  // all of P^T, dS^T before the packing: interleaved with it and dV's issue, the
+        fc::wgmma_fence_operands(st);  // capped steps spilled 152 bytes at D = 64 (ptxas)
+        fc::wgmma_fence_operands(dpt);
+      }
       pack_p<T, kBlockM>(st, pa);
       pack_p<T, kBlockM>(dpt, dsa);
       gemm_pv<T, kHeadDim, kBlockM>(dv, pa, desc_do_t + s * kStageStep);  // dV += P^T dO_i (A from registers)
@@ -203,7 +248,7 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
   if (Cfg::kEpiStaged && tid0) fc::tma_store_wait<0>();  // the last tile's dK, dV written before the CTA ends
 }
 
-template <int kHeadDim, int kBlockM, typename T>
+template <int kHeadDim, int kBlockM, typename T, bool kSoftcap>
 __global__ void __launch_bounds__(BwdConfig<kHeadDim, kBlockM>::kThreads, 1)
     v12_bwd(const FlashcoreBackwardParams b, const Workspace w, const __grid_constant__ BwdMaps maps) {
   using Cfg = BwdConfig<kHeadDim, kBlockM>;
@@ -230,5 +275,5 @@ __global__ void __launch_bounds__(BwdConfig<kHeadDim, kBlockM>::kThreads, 1)
     return;
   }
   fc::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  bwd_consumer<Cfg, T>(b, w, maps);
+  bwd_consumer<Cfg, T, kSoftcap>(b, w, maps);
 }

@@ -16,8 +16,13 @@
 // CTA's next tile from a counter as it issues a tile's last stage; causal lists go heaviest first within groups of
 // heads (sm90/v12_bwd_traits.cuh), so the claims even the SMs' loads out. Passes around it (common/bwd_passes.cuh,
 // shared with v11): prep (D = rowsum(dO o O) from the fp32 O, LSE log2 e, accumulator and counter zeroed) and dq
-// (accumulator times scale, rounded). Causal (bottom-right): a tile starts at the first query block that sees it; only
-// steps crossing the diagonal are masked. dK, dV deterministic; dQ's fp32 additions from different tiles in any order.
+// (accumulator times scale, rounded). Causal and sliding windows (bottom-right): a tile walks only the query blocks
+// that see its keys (fc::visible_rows), and only steps that a window edge cuts are masked per element; a tile that no
+// query sees stores dK = dV = 0, and a query that sees no key keeps the zero dQ that prep wrote. Softcap: the kernel's
+// kSoftcap instantiation recomputes t = tanh(s / c) and takes dS through 1 - t^2 (sm90/mainloop_bwd_sm90.cuh); the
+// other is the dense one, unchanged. Sinks need nothing here: P = exp2(S - LSE) with the forward's LSE, which holds the
+// sink, is the softmax with the sink's column, whose dP is 0, so D and dS are as without; prep adds dL/dsinks.
+// dK, dV deterministic; dQ's fp32 additions from different tiles in any order.
 //
 // Change from v11's backward: wgmma (HGMMA) instead of mma.sync + ldmatrix; TMA and producer threads instead of
 // cp.async from every thread; dS stored by stmatrix .trans; dQ reduced by TMA from every step; the consumers never
@@ -79,7 +84,9 @@
 namespace {
 
 template <class Cfg, class T>
-const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
+const char* backward(const FlashcoreBackwardParams& b_in, cudaStream_t stream) {
+  FlashcoreBackwardParams b = b_in;
+  bwd_normalize_window(b.fwd);  // edges that hide nothing: unbounded (sm90/v12_bwd_traits.cuh)
   constexpr int kHeadDim = Cfg::kHeadDim;
   constexpr CUtensorMapDataType kType =
       std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
@@ -88,7 +95,8 @@ const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   const long long heads = static_cast<long long>(p.batch) * p.heads;
   if (const char* err = launch_bwd_prep<kHeadDim, T>(b, w, stream)) return err;
 
-  const auto kernel = v12_bwd<kHeadDim, Cfg::kBlockM, T>;
+  const auto kernel =
+      p.softcap > 0.f ? v12_bwd<kHeadDim, Cfg::kBlockM, T, true> : v12_bwd<kHeadDim, Cfg::kBlockM, T, false>;
   if (const char* err = fc::allow_dynamic_smem(kernel, Cfg::kSmemBytes)) return err;
   const int bh = p.batch * p.heads, bh_kv = p.batch * p.heads_kv;
   BwdMaps maps;
@@ -125,13 +133,16 @@ const char* backward_dtype(const FlashcoreBackwardParams& b, cudaStream_t stream
   }
 }
 
-// prep, main, dq for one dtype (names as c++filt prints them)
+// prep, main (without softcap, with), dq for one dtype (names as c++filt prints them)
 template <class Cfg, class T>
 int plan_dtype(FlashcoreKernelPlan* plans) {
   plans[0] = bwd_prep_plan<Cfg::kHeadDim, T>();
-  plans[1] = {FC_PLAN_NAME(v12_bwd, Cfg::kHeadDim, Cfg::kBlockM, fc::type_name<T>()), Cfg::kThreads, Cfg::kSmemBytes};
-  plans[2] = bwd_dq_plan<T>();
-  return 3;
+  plans[1] = {FC_PLAN_NAME(v12_bwd, Cfg::kHeadDim, Cfg::kBlockM, fc::type_name<T>(), false), Cfg::kThreads,
+              Cfg::kSmemBytes};
+  plans[2] = {FC_PLAN_NAME(v12_bwd, Cfg::kHeadDim, Cfg::kBlockM, fc::type_name<T>(), true), Cfg::kThreads,
+              Cfg::kSmemBytes};
+  plans[3] = bwd_dq_plan<T>();
+  return 4;
 }
 
 template <class Cfg>
