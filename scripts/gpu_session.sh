@@ -193,6 +193,21 @@ familybench() {  # issue 47's rows: v12 and v11 with windows 128/1024/4096, soft
   lanes "${specs[@]}"
 }
 
+familyfirst() {  # issue 47, a first look on a host of several GPUs: the three family variants built once, then checked
+  # side by side (one GPU each: the default set with the family's odd cases, the GPU tests, the helpers' scripts)
+  step build-family flashcore --registry "$REG" build v11 v12 decode
+  local n
+  n=$(nvidia-smi -L | wc -l)
+  (export CUDA_VISIBLE_DEVICES=0; step test-v12 flashcore --registry "$REG" test v12 --json "$LOGS/test-v12.json" >"$LOGS/lane-a.out" 2>&1) &
+  (export CUDA_VISIBLE_DEVICES=$((1 % n)); step test-v11 flashcore --registry "$REG" test v11 --json "$LOGS/test-v11.json" >"$LOGS/lane-b.out" 2>&1) &
+  (export CUDA_VISIBLE_DEVICES=$((2 % n)); step test-decode flashcore --registry "$REG" test decode --json "$LOGS/test-decode.json"
+   step pytest-family python3 -m pytest -q -m gpu -n 0 tests/test_family_gpu.py tests/test_v12_gqa_gpu.py) >"$LOGS/lane-c.out" 2>&1 &
+  (export CUDA_VISIBLE_DEVICES=$((3 % n))
+   for script in ${EXTRA_SCRIPTS:-}; do step "extra-$(basename "$script" .py)" python3 "$script"; done) >"$LOGS/lane-d.out" 2>&1 &
+  wait
+  cat "$LOGS"/lane-*.out
+}
+
 familycheck() {  # stress with random windows, softcaps and sinks; sanitizers at odd shapes under the family
   step stress-family python3 scripts/stress.py ${VARIANTS:-v11 v12 decode} --launches ${LAUNCHES:-2000} --timeout 900
   export FLASHCORE_RESULTS=$LOGS/results
