@@ -238,7 +238,7 @@ def check_inputs(variant: Variant, q, k, v, causal: bool, out=None, *, window_si
         raise FlashcoreInputError(f"{name}: q has {heads} heads and k {heads_kv}: the query heads must be a multiple of the key/value heads")
     if seq_kv < 1 and seq > 0:
         raise FlashcoreInputError(f"{name}: k and v have no rows: attention needs at least one key")
-    family = _check_family(name, q, window_size, softcap, sinks)
+    family = _check_family(name, q, window_size, softcap, sinks).normalized(bool(causal), seq, seq_kv)
     reason = variant.unsupported_reason(dim, bool(causal), gqa=heads_kv != heads, seqlen_kv=seq_kv != seq, seq_len=seq,
                                         **family.needs(bool(causal)))  # fmt: skip
     if reason:

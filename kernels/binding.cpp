@@ -86,14 +86,17 @@ struct Family {
 };
 
 // Checks the family's values and that the rung takes them; normalizes the window (causal sets its right edge to
-// 0, and (-1, 0) is causal), and sets p's fields.
+// 0, (-1, 0) is causal, an edge that hides nothing is -1), and sets p's fields (p's shapes already set).
 void family(FlashcoreParams& p, bool causal, const Family& f, const torch::Tensor& q) {
   TORCH_CHECK_VALUE(f.window_left >= -1 && f.window_right >= -1, "window_size must be -1 (unbounded) or >= 0 on each side, got (",
                     num(f.window_left), ", ", num(f.window_right), ")");
   TORCH_CHECK_VALUE(f.window_left < (int64_t(1) << 31) && f.window_right < (int64_t(1) << 31),
                     "window_size must be below 2^31 on each side");
-  const int right = causal ? 0 : static_cast<int>(f.window_right);
-  const int left = static_cast<int>(f.window_left);
+  // An edge that hides no key is -1 (flashcore.h): a left edge of S_kv - 1 or more, a right edge of S - 1 or more
+  // (causal's 0 stays: it is what `causal` reads); so a window past the sequence runs on any variant, as causal or dense.
+  const int64_t seq = p.seq_len, seq_kv = p.seq_len_kv;
+  const int left = f.window_left >= 0 && f.window_left < seq_kv - 1 ? static_cast<int>(f.window_left) : -1;
+  const int right = causal ? 0 : f.window_right > 0 && f.window_right >= seq - 1 ? -1 : static_cast<int>(f.window_right);
   TORCH_CHECK_VALUE((left < 0 && right <= 0) || has(kFlashcoreWindow), "window_size (", num(left), ", ", num(right),
                     ") is not supported by this variant: it takes no sliding window (only causal or none)");
   TORCH_CHECK_VALUE(std::isfinite(f.softcap) && f.softcap >= 0.0, "softcap must be a finite number >= 0 (0: off), got ",

@@ -89,7 +89,10 @@ struct FlashcoreParams {
   //   Window: query row i sees key j iff  (window_left < 0 or j >= i + S_kv - S - window_left)  and
   //                                       (window_right < 0 or j <= i + S_kv - S + window_right),
   //   bottom-right aligned as causal is. The binding sets causal = (window_right == 0): causal is the window
-  //   (-1, 0), so a rung without kFlashcoreWindow sees (-1, -1) or (-1, 0) only, with causal saying which.
+  //   (-1, 0), so a rung without kFlashcoreWindow sees (-1, -1) or (-1, 0) only, with causal saying which. An edge
+//   that hides no key (window_left >= S_kv - 1, window_right >= S - 1 but for causal's 0) reaches a rung as -1, as
+//   FlashAttention-3's launcher does it: so window_left < S_kv and window_right < S, and every sum of a row or key
+//   index (below 2^31) and an edge stays in int.
   //   A row that sees no key (a window past either end) gets O = 0 and LSE = +inf (or its sink, below).
   int window_left = -1;   // -1: unbounded (the default members make FlashcoreParams{} unwindowed, uncapped, sinkless)
   int window_right = -1;  // -1: unbounded; 0 under causal
@@ -289,12 +292,11 @@ struct Range {
   int begin, end;
 };
 __host__ __device__ inline Range visible_keys(const FlashcoreParams& p, int row_begin, int row_end) {
-  // in 64 bits: a window of up to 2^31 - 1 beside a negative diagonal (S > S_kv) must not wrap
-  const long long first = static_cast<long long>(row_begin) + causal_offset(p);
-  const long long last = static_cast<long long>(row_end) - 1 + causal_offset(p);
-  const long long begin = p.window_left < 0 ? 0 : first - p.window_left;
-  const long long end = p.window_right < 0 ? p.seq_len_kv : last + p.window_right + 1;
-  return {static_cast<int>(begin > 0 ? begin : 0), static_cast<int>(end < p.seq_len_kv ? end : p.seq_len_kv)};
+  const int first = row_begin + causal_offset(p), last = row_end - 1 + causal_offset(p);
+  const int begin = p.window_left < 0 ? 0 : (first - p.window_left > 0 ? first - p.window_left : 0);
+  const int end = p.window_right < 0 ? p.seq_len_kv
+                                     : (last + p.window_right + 1 < p.seq_len_kv ? last + p.window_right + 1 : p.seq_len_kv);
+  return {begin, end};
 }
 // The keys that every row of [row_begin, row_end) sees (no mask needed there); begin >= end when there are none.
 __host__ __device__ inline Range fully_visible_keys(const FlashcoreParams& p, int row_begin, int row_end) {
@@ -304,14 +306,14 @@ __host__ __device__ inline Range fully_visible_keys(const FlashcoreParams& p, in
 // The query rows that see at least one key of [key_begin, key_end), as [begin, end) clipped to [0, S): a backward
 // that walks key tiles visits only these.
 __host__ __device__ inline Range visible_rows(const FlashcoreParams& p, int key_begin, int key_end) {
-  const long long off = causal_offset(p);
-  const long long lo = p.window_right < 0 ? 0 : key_begin - off - p.window_right;
-  const long long hi = p.window_left < 0 ? p.seq_len : key_end - 1 - off + p.window_left + 1;
-  return {static_cast<int>(lo > 0 ? lo : 0), static_cast<int>(hi < p.seq_len ? hi : p.seq_len)};
+  const int off = causal_offset(p);
+  const int lo = p.window_right < 0 ? 0 : key_begin - off - p.window_right;
+  const int hi = p.window_left < 0 ? p.seq_len : key_end - 1 - off + p.window_left + 1;
+  return {lo > 0 ? lo : 0, hi < p.seq_len ? hi : p.seq_len};
 }
 // Whether key j is visible to row i (the per-element mask of a tile the window cuts).
 __host__ __device__ __forceinline__ bool key_visible(const FlashcoreParams& p, int row, int key) {
-  const long long diag = static_cast<long long>(row) + causal_offset(p);
+  const int diag = row + causal_offset(p);
   return (p.window_left < 0 || key >= diag - p.window_left) && (p.window_right < 0 || key <= diag + p.window_right) &&
          key >= 0 && key < p.seq_len_kv;
 }

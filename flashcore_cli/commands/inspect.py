@@ -85,7 +85,7 @@ def run_sanitize(registry_path, name: str, tool: str, shape_text: str | None, ca
     shape = parse_shape(shape_text or f"1,2,{DEFAULT_SEQ_LEN},{variant.head_dims[0]}")
     family = family or DENSE
     reason = variant.unsupported_reason(shape.head_dim, causal, gqa=shape.gqa, seqlen_kv=shape.other_kv_len, seq_len=shape.seq_len,
-                                        **family.needs(causal))  # fmt: skip
+                                        **family.normalized(causal, shape.seq_len, shape.seq_len_kv).needs(causal))  # fmt: skip
     if reason:
         raise FlashcoreError(reason)
     case = Case(shape, causal, seed=1, family=family)
@@ -160,7 +160,7 @@ def run_profile(registry_path, name: str, shape_text: str | None, causal: bool, 
     shape = parse_shape(shape_text or MISSION_SHAPE)
     family = family or DENSE
     reason = variant.unsupported_reason(shape.head_dim, causal, gqa=shape.gqa, seqlen_kv=shape.other_kv_len, seq_len=shape.seq_len,
-                                        **family.needs(causal))  # fmt: skip
+                                        **family.normalized(causal, shape.seq_len, shape.seq_len_kv).needs(causal))  # fmt: skip
     if reason:
         raise FlashcoreError(reason)
     arch = target_arch(arch_text)  # every argument checked before the tools and the GPU

@@ -33,6 +33,15 @@ class Family:
         """(left, right) as the kernel sees it: causal sets right to 0."""
         return (self.window_left, 0 if causal else self.window_right)
 
+    def normalized(self, causal: bool, seq_len: int, seq_len_kv: int) -> "Family":
+        """The family as a kernel gets it (kernels/binding.cpp): causal's right edge 0, and an edge that hides no key
+        -1 (a left edge of Sk - 1 or more, a right edge above 0 of Sq - 1 or more), so that a window past the
+        sequence needs no variant that takes windows."""
+        left, right = self.window(causal)
+        left = left if 0 <= left < seq_len_kv - 1 else UNBOUNDED
+        right = UNBOUNDED if right > 0 and right >= seq_len - 1 else right
+        return Family(left, right, self.softcap, self.sinks)
+
     def has_window(self, causal: bool) -> bool:
         """A window beyond what causal alone is: (-1, -1) and (-1, 0) are not."""
         left, right = self.window(causal)

@@ -103,7 +103,8 @@ class Case:
     def needs(self) -> dict:
         """What of a variant this case needs beyond head dim, causal and dtype (Variant.unsupported_reason)."""
         return {"gqa": self.shape.gqa, "seqlen_kv": self.shape.other_kv_len, "backward": self.grads,
-                "seq_len": self.shape.seq_len, **self.family.needs(self.causal)}  # fmt: skip
+                "seq_len": self.shape.seq_len,
+                **self.family.normalized(self.causal, self.shape.seq_len, self.shape.seq_len_kv).needs(self.causal)}  # fmt: skip
 
 
 def parse_dtype(text: str) -> str:

@@ -183,7 +183,8 @@ def require_runnable(variants, shapes, *, causal: bool | None, dtype: str = DEFA
         for v in variants:
             found = [v.unsupported_reason(shape.head_dim, c, dtype=dtype, gqa=shape.gqa, seqlen_kv=shape.other_kv_len,
                                           backward=backward, seq_len=shape.seq_len,
-                                          **(family.needs(c) if family is not None else {}))
+                                          **(family.normalized(c, shape.seq_len, shape.seq_len_kv).needs(c)
+                                             if family is not None else {}))
                      for c in ((False, True) if causal is None else (causal,))]  # fmt: skip
             if None in found:
                 return
