@@ -8,8 +8,14 @@ set -uo pipefail
 OUT=${OUT:-/tmp/flashcore-out}
 LOGS=$(mktemp -d)
 mkdir -p "$OUT"
-trap 'tar czf "$OUT/logs.tgz" -C "$LOGS" .' EXIT
 export PYTHONUNBUFFERED=1 FLASHCORE_CACHE=${FLASHCORE_CACHE:-/tmp/flashcore-cache}
+# CACHE_IN=path.tgz starts from a cache an earlier call packed (CACHE_OUT=1: pack this call's into $OUT/cache.tgz)
+if [ -n "${CACHE_IN:-}" ] && [ -f "$CACHE_IN" ]; then mkdir -p "$FLASHCORE_CACHE" && tar xzf "$CACHE_IN" -C "$FLASHCORE_CACHE"; fi
+finish() {
+  tar czf "$OUT/logs.tgz" -C "$LOGS" .
+  if [ -n "${CACHE_OUT:-}" ]; then tar czf "$OUT/cache.tgz" -C "$FLASHCORE_CACHE" --exclude=./logs .; fi
+}
+trap finish EXIT
 REG=${REGISTRY:-variants.yaml}
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$LOGS/install.log" 2>&1 || { cat "$LOGS/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv >"$LOGS/gpu.txt" 2>&1
@@ -194,16 +200,22 @@ familybench() {  # issue 47's rows: v12 and v11 with windows 128/1024/4096, soft
 }
 
 familyfirst() {  # issue 47, a first look on a host of several GPUs: the three family variants built once, then checked
-  # side by side (one GPU each: the default set with the family's odd cases, the GPU tests, the helpers' scripts)
+  # side by side, one lane per GPU: v12's tests; v11's then decode's; the GPU tests then a first bench row; and
+  # EXTRA_SCRIPTS (python files, each under a 200 s timeout)
   step build-family flashcore --registry "$REG" build v11 v12 decode
   local n
   n=$(nvidia-smi -L | wc -l)
-  (export CUDA_VISIBLE_DEVICES=0; step test-v12 flashcore --registry "$REG" test v12 --json "$LOGS/test-v12.json" >"$LOGS/lane-a.out" 2>&1) &
-  (export CUDA_VISIBLE_DEVICES=$((1 % n)); step test-v11 flashcore --registry "$REG" test v11 --json "$LOGS/test-v11.json" >"$LOGS/lane-b.out" 2>&1) &
-  (export CUDA_VISIBLE_DEVICES=$((2 % n)); step test-decode flashcore --registry "$REG" test decode --json "$LOGS/test-decode.json"
-   step pytest-family python3 -m pytest -q -m gpu -n 0 tests/test_family_gpu.py tests/test_v12_gqa_gpu.py) >"$LOGS/lane-c.out" 2>&1 &
+  (export CUDA_VISIBLE_DEVICES=0; step test-v12 flashcore --registry "$REG" test v12 --json "$LOGS/test-v12.json") \
+    >"$LOGS/lane-a.out" 2>&1 &
+  (export CUDA_VISIBLE_DEVICES=$((1 % n)); step test-v11 flashcore --registry "$REG" test v11 --json "$LOGS/test-v11.json"
+   step test-decode flashcore --registry "$REG" test decode --json "$LOGS/test-decode.json") >"$LOGS/lane-b.out" 2>&1 &
+  (export CUDA_VISIBLE_DEVICES=$((2 % n))
+   step pytest-family python3 -m pytest -q -m gpu -n 0 tests/test_family_gpu.py tests/test_v12_gqa_gpu.py
+   step bench-first flashcore --registry "$REG" bench v12 --shape 1,16,16384,128 --causal --window 1024,0 \
+     --json "$LOGS/bench-first.json") >"$LOGS/lane-c.out" 2>&1 &
   (export CUDA_VISIBLE_DEVICES=$((3 % n))
-   for script in ${EXTRA_SCRIPTS:-}; do step "extra-$(basename "$script" .py)" python3 "$script"; done) >"$LOGS/lane-d.out" 2>&1 &
+   for script in ${EXTRA_SCRIPTS:-}; do step "extra-$(basename "$script" .py)" timeout 200 python3 "$script"; done) \
+    >"$LOGS/lane-d.out" 2>&1 &
   wait
   cat "$LOGS"/lane-*.out
 }
