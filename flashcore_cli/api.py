@@ -392,7 +392,10 @@ def _dense(family: dict) -> bool:
 
 
 def _native(family: dict) -> dict:
-    """The family's keywords as the binding takes them (a window as a tuple of two ints, the softcap a float)."""
+    """The family's keywords as the binding takes them (a window as a tuple of two ints, the softcap a float); none
+    for a dense call, so that a module built before the family's arguments existed still takes it."""
+    if _dense(family):
+        return {}
     return {"window_size": tuple(int(w) for w in family["window_size"]), "softcap": float(family["softcap"]),
             "sinks": family["sinks"]}  # fmt: skip
 
