@@ -181,6 +181,22 @@ lanes() {  # lanes SPEC...: each spec "NAME|ARGS" a `flashcore bench` run, sprea
   cat "$LOGS"/lane-*.out
 }
 
+densespecs() {  # the record's dense rows (docs/results/h200.json): the mission shape, the six long shapes, decode's five
+  local shape causal
+  DENSE=("mission|${VARIANTS:-v12 v11} --shape 1,8,512,64")
+  for shape in 2,16,4096,64 2,16,4096,128 1,16,16384,64; do
+    for causal in "" --causal; do DENSE+=("$shape$causal|${VARIANTS:-v12 v11} --shape $shape $causal"); done
+  done
+  for shape in 8,32:8,1:8192,128 64,32:8,1:4096,128 1,32:8,1:131072,128 16,64:8,1:16384,128 4,32:8,4:16384,128; do
+    DENSE+=("decode-$shape|decode --shape $shape")
+  done
+}
+
+densebench() {  # the record's dense rows, spread over the GPUs
+  densespecs
+  lanes "${DENSE[@]}"
+}
+
 familybench() {  # issue 47's rows: v12 and v11 with windows 128/1024/4096, softcap 50, sinks, and plain causal (each
   # family row also times the variant without it: its "(plain)" row), forward and backward, beside FlexAttention
   local specs=() shape pass fam
@@ -196,6 +212,7 @@ familybench() {  # issue 47's rows: v12 and v11 with windows 128/1024/4096, soft
   # 4097 keys, the same bytes
   specs+=("decode-w4096|decode --shape 1,32:8,1:131072,128 --causal --window 4096,0"
           "decode-4097|decode --shape 1,32:8,1:4097,128 --causal")
+  if [ -n "${WITH_DENSE:-}" ]; then densespecs; specs+=("${DENSE[@]}"); fi
   lanes "${specs[@]}"
 }
 
