@@ -13,7 +13,9 @@ template <class T>
 int v11_plan_d128(FlashcoreKernelPlan* all) {
   all[0] = plan_of<LongD128, T>();
   all[1] = plan_of<ShortD128, T>();
-  return 2;
+  all[2] = plan_of<LongD128, T, true>();
+  all[3] = plan_of<ShortD128, T, true>();
+  return 4;
 }
 
 template const char* v11_forward_d128<__half>(const FlashcoreParams&, cudaStream_t);
