@@ -27,12 +27,11 @@ __device__ __forceinline__ uint32_t pack_output(float lo, float hi) {
 // seq_len are not written. A training forward (residual not nullptr) also writes O's rounding residual to the
 // same rows of `residual`, straight from the fragments (4-byte stores: staging it too would keep O_i live past
 // the first copy, and the D = 128 kernel has no registers left for that).
-// store_warp_rows_scaled: the same with O_i = diag(o_scale) O_i (row_end_log2's factor: 1 / l_i, or with a sink).
 template <class Cfg, class T = __half>
-__device__ __forceinline__ void store_warp_rows_scaled(unsigned char* tile, int tile_row0, __half* o, __half* residual,
-                                                       int row0, int seq_len,
-                                                       const float (&o_acc)[Cfg::kMTiles][Cfg::kDTiles][4],
-                                                       const float (&o_scale)[Cfg::kMTiles][2], int lane) {
+__device__ __forceinline__ void store_warp_rows(unsigned char* tile, int tile_row0, __half* o, __half* residual,
+                                                int row0, int seq_len,
+                                                const float (&o_acc)[Cfg::kMTiles][Cfg::kDTiles][4],
+                                                const float (&l_i)[Cfg::kMTiles][2], int lane) {
   const int g = lane >> 2;   // fragment row (and row + 8)
   const int tq = lane & 3;   // fragment column pair
   __syncwarp();  // every lane's last ldmatrix of those rows is done
@@ -40,7 +39,7 @@ __device__ __forceinline__ void store_warp_rows_scaled(unsigned char* tile, int 
   for (int mt = 0; mt < Cfg::kMTiles; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float inv_l = o_scale[mt][h];
+      const float inv_l = l_i[mt][h] > 0.f ? 1.f / l_i[mt][h] : 0.f;
       const int row = tile_row0 + mt * 16 + g + 8 * h;
       const int out_row = row0 + mt * 16 + g + 8 * h;
 #pragma unroll
@@ -67,19 +66,6 @@ __device__ __forceinline__ void store_warp_rows_scaled(unsigned char* tile, int 
   }
 }
 
-template <class Cfg, class T = __half>
-__device__ __forceinline__ void store_warp_rows(unsigned char* tile, int tile_row0, __half* o, __half* residual,
-                                                int row0, int seq_len,
-                                                const float (&o_acc)[Cfg::kMTiles][Cfg::kDTiles][4],
-                                                const float (&l_i)[Cfg::kMTiles][2], int lane) {
-  float inv_l[Cfg::kMTiles][2];
-#pragma unroll
-  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) inv_l[mt][h] = l_i[mt][h] > 0.f ? 1.f / l_i[mt][h] : 0.f;
-  store_warp_rows_scaled<Cfg, T>(tile, tile_row0, o, residual, row0, seq_len, o_acc, inv_l, lane);
-}
-
 // A row's log-sum-exp in natural-log units from its max m (in log2 units: S * scale * log2 e) and its sum
 // l = sum_j exp2(S_j * scale * log2 e - m): LSE = (m + log2 l) ln 2; +inf for a row that saw no key (l = 0),
 // so that a backward's P = exp(S - LSE) is 0 there.
@@ -102,27 +88,12 @@ __device__ __forceinline__ float sink_log2(const float* sinks, int bh, int heads
   return sinks != nullptr ? sinks[bh % heads] * 1.4426950408889634f : -INFINITY;
 }
 
-// The warp's rows' ends (row_end_log2) from their state (m_i in raw-score units: times scale_log2 gives log2 units),
-// with the sink of query head bh % heads where sinks is not nullptr.
-template <class Cfg>
-__device__ __forceinline__ void finish_warp_rows(float (&o_scale)[Cfg::kMTiles][2], float (&lse2)[Cfg::kMTiles][2],
-                                                 const float (&m_i)[Cfg::kMTiles][2], const float (&l_i)[Cfg::kMTiles][2],
-                                                 float scale_log2, const float* sinks, int bh, int heads) {
-  const bool has_sink = sinks != nullptr;
-  const float sink2 = sink_log2(sinks, bh, heads);
-#pragma unroll
-  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      lse2[mt][h] = row_end_log2(m_i[mt][h] * scale_log2, l_i[mt][h], has_sink, sink2, o_scale[mt][h]);
-    }
-}
-
 // A sink (sink2: its logit times log2 e) folded into the warp's row state in place, so that store_warp_rows and
 // store_warp_lse then write O and the LSE with it: l_i += exp2(sink2 - m_i scale_log2) for a row that saw a key (O's
 // factor 1 / l_i and LSE = m + log2 l as fc::finish_row_log2 gives them, unless the sink exceeds the row's max by
 // more than 2^7 in log2 units, ~88 nats, where l overflows: O = 0 as it should be, but LSE = +inf); a row that saw no
-// key gets l_i = 1 and m_i = sink2 / scale_log2, so O = 0 (its accumulator is 0) and LSE = the sink.
+// key gets l_i = 1 and m_i = sink2 / scale_log2, so O = 0 (its accumulator is 0) and LSE = the sink (+inf where the
+// sink is -inf).
 template <class Cfg>
 __device__ __forceinline__ void fold_warp_sink(float (&m_i)[Cfg::kMTiles][2], float (&l_i)[Cfg::kMTiles][2],
                                                float scale_log2, float sink2) {
@@ -132,24 +103,10 @@ __device__ __forceinline__ void fold_warp_sink(float (&m_i)[Cfg::kMTiles][2], fl
     for (int h = 0; h < 2; ++h) {
       if (l_i[mt][h] > 0.f) {
         l_i[mt][h] += exp2f(sink2 - m_i[mt][h] * scale_log2);
-      } else {
+      } else if (sink2 > -INFINITY) {  // a sink of -inf is none: the row keeps l = 0, LSE = +inf
         l_i[mt][h] = 1.f;
         m_i[mt][h] = sink2 / scale_log2;
       }
-    }
-}
-
-// The warp's rows' LSE ([S] of this head, natural log) from their ends in log2 units, one lane per row.
-template <class Cfg>
-__device__ __forceinline__ void store_warp_lse2(float* lse, int row0, int seq_len, const float (&lse2)[Cfg::kMTiles][2],
-                                                int lane) {
-  if ((lane & 3) != 0) return;
-#pragma unroll
-  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = row0 + mt * 16 + (lane >> 2) + 8 * h;
-      if (row < seq_len) lse[row] = lse2[mt][h] * 0.6931471805599453f;
     }
 }
 

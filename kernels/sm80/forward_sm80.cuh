@@ -79,9 +79,8 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   const int kv_end = kv.end;
   const int tile_begin = kv.begin < kv.end ? kv.begin / Cfg::kTileN : 0;
   const int n_tiles = kv.begin < kv.end ? fc::ceil_div(kv.end, Cfg::kTileN) - tile_begin : 0;
-  auto load_tile_at = [&](int tile, int stage) {  // tile: the ring tile's index from key 0
+  auto load_rows = [&](int row0, int stage) {  // row0: the ring tile's first key, a multiple of kTileN
     unsigned char* k_s = k_stage(stage);
-    const int row0 = tile * Cfg::kTileN;
     if constexpr (kTma) {
       // One thread; rows outside [kv_begin, kv_end) but inside S_kv arrive too (the masks hide them), rows past
       // S_kv arrive as zeros.
@@ -95,7 +94,8 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     fc::copy_rows_async<Cfg, Cfg::kTileN>(k_s, k, row0, kv_end, tid);
     fc::copy_rows_async<Cfg, Cfg::kTileN>(k_s + Cfg::kKvBytes, v, row0, kv_end, tid);
   };
-  auto load_tile = [&](int t, int stage) { load_tile_at(tile_begin + t, stage); };
+  auto load_tile = [&](int t, int stage) { load_rows((tile_begin + t) * Cfg::kTileN, stage); };
+  const bool sees_no_key = n_tiles == 0;
 
   // Q_i straight into registers when it never touches shared memory: issued first, it is needed first.
   fc::QFragments<Cfg> q_frag;
@@ -277,18 +277,23 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   } else {
     int compute_stage = 0;
     int load_stage = kStages - 1;
-    for (int t = 0; t < n_tiles; ++t) {
-      fc::cp_async_wait<kStages - 2>();  // this thread's copies of tile t have landed
-      __syncthreads();                   // everyone's have, and every warp is done with tile t - 1's stage
-      if (t + kStages - 1 < n_tiles) load_tile(t + kStages - 1, load_stage);
+    // The loop runs over each tile's first key, row (the tiles start before kv_end): no tile index, count or
+    // tile_begin held across it (the long D=128 kernel is at 255 registers). A tile starts before kv_end exactly
+    // when its index is below tile_begin + n_tiles.
+    const int first_row = n_tiles > 0 ? tile_begin * Cfg::kTileN : kv_end;
+    for (int row = first_row; row < kv_end; row += Cfg::kTileN) {
+      fc::cp_async_wait<kStages - 2>();  // this thread's copies of this tile have landed
+      __syncthreads();                   // everyone's have, and every warp is done with the last tile's stage
+      const int next_row = row + (kStages - 1) * Cfg::kTileN;
+      if (next_row < kv_end) load_rows(next_row, load_stage);
       fc::cp_async_commit();  // an empty group at the tail keeps the wait count uniform
       load_stage = load_stage + 1 == kStages ? 0 : load_stage + 1;
 
       if constexpr (Cfg::kQInRegs && !Cfg::kQFromGlobal) {
-        if (t == 0) fc::load_q_fragments<Cfg>(q_frag, q_lane, lane);
+        if (row == first_row) fc::load_q_fragments<Cfg>(q_frag, q_lane, lane);
       }
 
-      const int key0 = key0_of(t);
+      const int key0 = row + group * kBlockN;
       if (warp_sees(key0)) {
         // S = Q_i K_j^T
         Scores s;
@@ -304,7 +309,7 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     if constexpr (!kTma && !Cfg::kQFromGlobal) {
       // A CTA that sees no key (causal, S > S_kv: its rows come before the first visible one) never entered
       // the loop, whose first wait covers Q_i's cp.async copies: wait here, or they land over the staged O.
-      if (n_tiles == 0) {
+      if (sees_no_key) {
         fc::cp_async_wait<0>();
         __syncthreads();
       }
