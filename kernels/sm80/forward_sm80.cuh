@@ -91,8 +91,12 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
       }
       return;
     }
-    fc::copy_rows_async<Cfg, Cfg::kTileN>(k_s, k, row0, kv_end, tid);
-    fc::copy_rows_async<Cfg, Cfg::kTileN>(k_s + Cfg::kKvBytes, v, row0, kv_end, tid);
+    // The thread's copy terms (row, chunk, swizzle) from an opaque copy of tid, recomputed at each refill: none is
+    // held across the loop (the long D=128 kernel, at 255 registers, spilled one).
+    int copy_tid = tid;
+    asm volatile("mov.b32 %0, %0;" : "+r"(copy_tid));
+    fc::copy_rows_async<Cfg, Cfg::kTileN>(k_s, k, row0, kv_end, copy_tid);
+    fc::copy_rows_async<Cfg, Cfg::kTileN>(k_s + Cfg::kKvBytes, v, row0, kv_end, copy_tid);
   };
   auto load_tile = [&](int t, int stage) { load_rows((tile_begin + t) * Cfg::kTileN, stage); };
   const bool sees_no_key = n_tiles == 0;
