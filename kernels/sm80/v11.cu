@@ -59,7 +59,9 @@
 // 2,16,4096,64 (457 vs 441 us, a ptxas schedule); K and V by TMA in the long D=64 kernel won it back (433-436
 // us). Five other exact forms, their costs and the schedule study: docs/ladder.md, "Accuracy".
 //
-// ptxas: no static smem, spills or stack (`flashcore ptxas v11`; registers per kernel: docs/ladder.md).
+// ptxas: no static smem, spills or stack (`flashcore ptxas v11`; registers per kernel: docs/ladder.md), except the
+// softcap twins of LongD128 (8 B on sm_90, 12 B on sm_89: 64-bit K/V offsets stored once before the loop and
+// reloaded only in the K/V refill branch, once per tile).
 // Measured (H200, `flashcore bench`, L2 flushed, blocking start; the record docs/results/h200.json, and
 // runs of this build beside the build before the l_i change, which reads v11b):
 //   shape              v11                     SDPA default   SDPA flash (FA2)
