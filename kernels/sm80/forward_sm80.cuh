@@ -29,7 +29,8 @@
 // computes only the tiles its own rows see, and only tiles outside the keys every row of the warp sees
 // (fc::fully_visible_keys) build per-element masks; causal is the window (-1, 0). kSoftcap: each score becomes
 // c log2 e tanh(S scale / c) as it leaves the mma (before the mask), so the softmax runs on it with a scale of 1
-// (log2 units); the dense instantiation is the kernel as it was. Sinks: folded into each row's end (row_end_log2).
+// (log2 units); the dense instantiation is the kernel as it was. Sinks: folded into each row's end (fold_warp_sink;
+// the split merge's row_end_log2), only where p.sinks is given.
 template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks, bool kTma,
           class T, bool kSoftcap = false>
 __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap* tmap_k, const CUtensorMap* tmap_v) {
@@ -71,8 +72,8 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   auto k_stage = [&](int stage) { return smem + Cfg::kQBytes + stage * Cfg::kStageBytes; };  // [kTileN][D]
 
   // The keys the CTA's rows see, [kv_begin, kv_end) (fc::visible_keys; causal: [0, m0 + kBlockM + offset)): only
-  // the ring tiles tile_begin .. tile_begin + n_tiles - 1 that hold them are loaded and visited (loop index t is
-  // tile tile_begin + t), and rows at or past kv_end are zero-filled. Every tile of that range holds a key some
+  // the ring tiles tile_begin .. tile_begin + n_tiles - 1 that hold them are loaded and visited (the TMA loops' index
+  // t is tile tile_begin + t), and rows at or past kv_end are zero-filled. Every tile of that range holds a key some
   // warp of the CTA sees: the warps' key ranges (below) overlap or touch, since each spans at least its kWarpM
   // diagonals, and their union is the CTA's.
   const fc::Range kv = fc::visible_keys(p, m0, min(m0 + kBlockM, seq_len));

@@ -250,10 +250,11 @@ static const char* forward_regime(const FlashcoreParams& p, cudaStream_t stream)
   return launch_prefer_tma<Long, LongTma, T, kSoftcap>(p, stream);
 }
 
-// The softcap kernels where p.softcap > 0, else the dense ones.
-template <class Long, class LongTma, class Short, class ShortTma, class T>
+// The softcap kernels where p.softcap > 0 (the long one's tiles LongSoftcap, of Long's rows), else the dense ones.
+template <class Long, class LongTma, class Short, class ShortTma, class T, class LongSoftcap = Long>
 static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
-  return p.softcap > 0.f ? forward_regime<Long, LongTma, Short, ShortTma, T, true>(p, stream)
+  static_assert(LongSoftcap::kBlockM == Long::kBlockM, "one regime choice for both");
+  return p.softcap > 0.f ? forward_regime<LongSoftcap, LongTma, Short, ShortTma, T, true>(p, stream)
                          : forward_regime<Long, LongTma, Short, ShortTma, T, false>(p, stream);
 }
 

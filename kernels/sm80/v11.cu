@@ -48,6 +48,7 @@
 //   ShortD128                                      128     32     16     16      2     4    1    8   69 KB
 //   ShortTmaD64  short, D=64, sm_90+ build          64     32     64     16      3     2    1    4   96 KB
 //   LongTmaD64   long, D=64, sm_90+ build           64    128     64     32      2     1    2    4   48 KB
+//   LongSoftcapD128  long, D=128, softcap          128    128     32     32      2     1    2    4   64 KB
 // Why: 32-row warps read each K/V fragment once for two m16 tiles (16-row warps: ldmatrix caps the mma near
 // 470 TFLOP/s on an H100); registers set the rest (D=128: 48-key tiles, 777 us at 2,16,4096,128 vs 832 for 32).
 // Short: 4 groups x 32 keys 9.5 us at 1,8,512,64 vs 8 x 16 10.6, 2 x 64 9.8 (`flashcore tune`, 20 configurations).
@@ -59,9 +60,7 @@
 // 2,16,4096,64 (457 vs 441 us, a ptxas schedule); K and V by TMA in the long D=64 kernel won it back (433-436
 // us). Five other exact forms, their costs and the schedule study: docs/ladder.md, "Accuracy".
 //
-// ptxas: no static smem, spills or stack (`flashcore ptxas v11`; registers per kernel: docs/ladder.md), except the
-// softcap twins of LongD128 (8 B on sm_90, 12 B on sm_89: 64-bit K/V offsets stored once before the loop and
-// reloaded only in the K/V refill branch, once per tile).
+// ptxas: no static smem, spills or stack (`flashcore ptxas v11`; registers per kernel: docs/ladder.md).
 // Measured (H200, `flashcore bench`, L2 flushed, blocking start; the record docs/results/h200.json, and
 // runs of this build beside the build before the l_i change, which reads v11b):
 //   shape              v11                     SDPA default   SDPA flash (FA2)
