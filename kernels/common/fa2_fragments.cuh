@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "flashcore.h"
+#include "common/family.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/primitives.cuh"
 
@@ -200,6 +201,37 @@ __device__ __forceinline__ void mask_scores(float (&s)[Cfg::kMTiles][Cfg::kNTile
         const int key = key0 + 8 * j + 2 * (lane & 3) + (r & 1);
         if (key >= seq_len || (causal && key > row)) s[mt][j][r] = -INFINITY;
       }
+}
+
+// The attention family's edge mask (flashcore.h's window; mask_scores is its causal case): -inf where key >= seq_len
+// or key - (row + offset) lies outside [-window_left, window_right] (diag0 = row0 + offset; an unbounded side is
+// INT_MAX). Only tiles that cross a window edge or the sequence end call it.
+template <class Cfg>
+__device__ __forceinline__ void mask_window_scores(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4], int diag0, int key0,
+                                                   int seq_len, int window_left, int window_right, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int j = 0; j < Cfg::kNTiles; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int diag = diag0 + mt * 16 + (lane >> 2) + 8 * (r >> 1);
+        const int key = key0 + 8 * j + 2 * (lane & 3) + (r & 1);
+        const int d = key - diag;
+        if (key >= seq_len || d > window_right || d < -window_left) s[mt][j][r] = -INFINITY;
+      }
+}
+
+// Softcap on raw scores S = Q K^T in place: S becomes out * tanh(S * in) (fc::tanh_fast; in = scale / c, out = c,
+// or c log2 e for a softmax in log2 units).
+template <class Cfg>
+__device__ __forceinline__ void softcap_scores(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4], float in, float out) {
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int j = 0; j < Cfg::kNTiles; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s[mt][j][r] = out * tanh_fast(s[mt][j][r] * in);
 }
 
 // m_new = max(m_i, rowmax(S)); P = exp2(S * scale_log2 - m_i * scale_log2) in place of S;

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common/fa2_fragments.cuh"
+#include "common/family.cuh"
 
 namespace fc {
 
@@ -70,6 +71,43 @@ __device__ __forceinline__ void store_warp_rows(unsigned char* tile, int tile_ro
 // so that a backward's P = exp(S - LSE) is 0 there.
 __device__ __forceinline__ float row_lse(float m_log2, float l) {
   return l > 0.f ? (m_log2 + __log2f(l)) * 0.6931471805599453f : INFINITY;
+}
+
+// A row's end in log2 units from its max m2 (log2 units, -inf when it saw no key) and l = sum_j exp2(s2_j - m2):
+// returns its LSE times log2 e (+inf for a row that saw no key, where it has no sink) and sets o_scale, the factor
+// that turns its accumulator into O: 1 / l (0 for l = 0) without a sink, fc::finish_row_log2's with one (sink2:
+// the head's sink logit times log2 e).
+__device__ __forceinline__ float row_end_log2(float m2, float l, bool has_sink, float sink2, float& o_scale) {
+  if (has_sink) return finish_row_log2(m2, l, sink2, o_scale);
+  o_scale = l > 0.f ? 1.f / l : 0.f;
+  return l > 0.f ? m2 + __log2f(l) : INFINITY;
+}
+
+// The sink of query head bh % heads (bh = b H + h) times log2 e, where the call has sinks (-inf otherwise: unused).
+__device__ __forceinline__ float sink_log2(const float* sinks, int bh, int heads) {
+  return sinks != nullptr ? sinks[bh % heads] * 1.4426950408889634f : -INFINITY;
+}
+
+// A sink (sink2: its logit times log2 e) folded into the warp's row state in place, so that store_warp_rows and
+// store_warp_lse then write O and the LSE with it: l_i += exp2(sink2 - m_i scale_log2) for a row that saw a key (O's
+// factor 1 / l_i and LSE = m + log2 l as fc::finish_row_log2 gives them, unless the sink exceeds the row's max by
+// more than 2^7 in log2 units, ~88 nats, where l overflows: O = 0 as it should be, but LSE = +inf); a row that saw no
+// key gets l_i = 1 and m_i = sink2 / scale_log2, so O = 0 (its accumulator is 0) and LSE = the sink (+inf where the
+// sink is -inf).
+template <class Cfg>
+__device__ __forceinline__ void fold_warp_sink(float (&m_i)[Cfg::kMTiles][2], float (&l_i)[Cfg::kMTiles][2],
+                                               float scale_log2, float sink2) {
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (l_i[mt][h] > 0.f) {
+        l_i[mt][h] += exp2f(sink2 - m_i[mt][h] * scale_log2);
+      } else if (sink2 > -INFINITY) {  // a sink of -inf is none: the row keeps l = 0, LSE = +inf
+        l_i[mt][h] = 1.f;
+        m_i[mt][h] = sink2 / scale_log2;
+      }
+    }
 }
 
 // The warp's rows' LSE ([S] of this head) from its row state (m_i in raw-score units), one lane per row.
@@ -143,10 +181,12 @@ __device__ __forceinline__ float merge_parts(int n, Stat stat, Row row, int c, f
 // The split CTA's output, once every group's partials are in stats / o_part (store_partials, then a
 // barrier): one thread per (row, 8 columns) merges the kSplit groups, normalises and writes 16 bytes of
 // rows m0.. of o ([S, D]), and of its rounding residual where residual is not nullptr; rows at or past
-// seq_len are not written.
+// seq_len are not written. Where sinks is not nullptr, the sink of query head bh % heads joins each merged row's end.
 template <class Cfg, class T = __half>
 __device__ __forceinline__ void merge_split_rows(const float2* stats, const float* o_part, __half* o, __half* residual,
-                                                 int m0, int seq_len, int tid) {
+                                                 int m0, int seq_len, int tid, const float* sinks, int bh, int heads) {
+  const bool has_sink = sinks != nullptr;
+  const float sink2 = sink_log2(sinks, bh, heads);
   constexpr int kBlockChunks = Cfg::kBlockM * Cfg::kChunks;
   for (int i = tid; i < kBlockChunks; i += Cfg::kThreads) {
     const int r = i / Cfg::kChunks;
@@ -154,10 +194,11 @@ __device__ __forceinline__ void merge_split_rows(const float2* stats, const floa
     if (m0 + r >= seq_len) continue;
     float l_all;
     float acc[8];
-    merge_parts<Cfg::kSplit>(
+    const float m_all = merge_parts<Cfg::kSplit>(
         Cfg::kSplit, [&](int sg) { return stats[sg * Cfg::kBlockM + r]; },
         [&](int sg) { return o_part + (sg * Cfg::kBlockM + r) * Cfg::kOStride; }, c, l_all, acc);
-    const float inv_l = l_all > 0.f ? 1.f / l_all : 0.f;
+    float inv_l;
+    row_end_log2(m_all, l_all, has_sink, sink2, inv_l);
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j] *= inv_l;
     const size_t at = static_cast<size_t>(m0 + r) * Cfg::kHeadDim + c * 8;
@@ -173,7 +214,10 @@ __device__ __forceinline__ void merge_split_rows(const float2* stats, const floa
 
 // The split CTA's LSE ([S] of this head, rows m0..): each row's groups merged as in merge_split_rows, stats only.
 template <class Cfg>
-__device__ __forceinline__ void merge_split_lse(const float2* stats, float* lse, int m0, int seq_len, int tid) {
+__device__ __forceinline__ void merge_split_lse(const float2* stats, float* lse, int m0, int seq_len, int tid,
+                                                const float* sinks, int bh, int heads) {
+  const bool has_sink = sinks != nullptr;
+  const float sink2 = sink_log2(sinks, bh, heads);
   for (int r = tid; r < Cfg::kBlockM && m0 + r < seq_len; r += Cfg::kThreads) {
     float m_all = -INFINITY;
 #pragma unroll
@@ -185,7 +229,8 @@ __device__ __forceinline__ void merge_split_lse(const float2* stats, float* lse,
       const float2 st = stats[sg * Cfg::kBlockM + r];
       l_all += exp2f(st.x - m_ref) * st.y;
     }
-    lse[m0 + r] = row_lse(m_all, l_all);
+    float o_scale;
+    lse[m0 + r] = row_end_log2(m_all, l_all, has_sink, sink2, o_scale) * 0.6931471805599453f;
   }
 }
 

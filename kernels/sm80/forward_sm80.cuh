@@ -7,6 +7,7 @@
 #pragma once
 
 #include "common/fa2_fragments.cuh"
+#include "common/family.cuh"
 #include "sm80/epilogue_fwd_sm80.cuh"
 #include "flashcore.h"
 #include "common/mbarrier.cuh"
@@ -15,6 +16,7 @@
 #include "common/tma.cuh"
 #include "sm80/v11_traits.cuh"
 
+#include <climits>
 #include <cstdint>
 
 // The in-CTA kernels' body. kTma (v11_fwd_tma, sm_90): K and V arrive by TMA through the tensor maps,
@@ -23,8 +25,14 @@
 // same basic block as tile t's softmax and P V, so the scheduler can interleave the two (one warp per scheduler
 // has little else to hide latency with); the long one (two CTAs per SM, 32-row warps) has no registers for a
 // second S and takes one tile at a time, Q_i by cp.async into shared memory as in the cp.async kernel.
+// The attention family (flashcore.h): a CTA walks only the key tiles fc::visible_keys gives its rows, a warp
+// computes only the tiles its own rows see, and only tiles outside the keys every row of the warp sees
+// (fc::fully_visible_keys) build per-element masks; causal is the window (-1, 0). kSoftcap: each score becomes
+// c log2 e tanh(S scale / c) as it leaves the mma (before the mask), so the softmax runs on it with a scale of 1
+// (log2 units); the dense instantiation is the kernel as it was. Sinks: folded into each row's end (fold_warp_sink;
+// the split merge's row_end_log2), only where p.sinks is given.
 template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks, bool kTma,
-          class T>
+          class T, bool kSoftcap = false>
 __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap* tmap_k, const CUtensorMap* tmap_v) {
   using Cfg = V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>;
   // 1024-byte aligned: TMA's 128-byte swizzle is a function of address bits 7-9, so a stage must start on a
@@ -63,24 +71,36 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   unsigned char* q_s = smem;                                                     // [kBlockM][D]
   auto k_stage = [&](int stage) { return smem + Cfg::kQBytes + stage * Cfg::kStageBytes; };  // [kTileN][D]
 
-  // Keys at or past kv_end are invisible to every row of the CTA: never loaded (zero-filled) nor visited.
-  const int kv_end = p.causal ? max(0, min(seq_len_kv, m0 + kBlockM + offset)) : seq_len_kv;
-  const int n_tiles = fc::ceil_div(kv_end, Cfg::kTileN);
-  auto load_tile = [&](int tile, int stage) {
+  // The keys the CTA's rows see, [kv_begin, kv_end) (fc::visible_keys; causal: [0, m0 + kBlockM + offset)): only
+  // the ring tiles tile_begin .. tile_begin + n_tiles - 1 that hold them are loaded and visited (the TMA loops' index
+  // t is tile tile_begin + t), and rows at or past kv_end are zero-filled. Every tile of that range holds a key some
+  // warp of the CTA sees: the warps' key ranges (below) overlap or touch, since each spans at least its kWarpM
+  // diagonals, and their union is the CTA's.
+  const fc::Range kv = fc::visible_keys(p, m0, min(m0 + kBlockM, seq_len));
+  const int kv_end = kv.end;
+  const int tile_begin = kv.begin < kv.end ? kv.begin / Cfg::kTileN : 0;
+  const int n_tiles = kv.begin < kv.end ? fc::ceil_div(kv.end, Cfg::kTileN) - tile_begin : 0;
+  auto load_rows = [&](int row0, int stage) {  // row0: the ring tile's first key, a multiple of kTileN
     unsigned char* k_s = k_stage(stage);
     if constexpr (kTma) {
-      // One thread; rows past kv_end but before S_kv arrive too (the masks hide them), rows past S_kv
-      // arrive as zeros.
+      // One thread; rows outside [kv_begin, kv_end) but inside S_kv arrive too (the masks hide them), rows past
+      // S_kv arrive as zeros.
       if (tid == 0) {
         fc::mbarrier_arrive_expect_bytes(&stage_full[stage], Cfg::kStageBytes);
-        fc::tma_load_3d(k_s, tmap_k, 0, tile * Cfg::kTileN, head, &stage_full[stage]);
-        fc::tma_load_3d(k_s + Cfg::kKvBytes, tmap_v, 0, tile * Cfg::kTileN, head, &stage_full[stage]);
+        fc::tma_load_3d(k_s, tmap_k, 0, row0, head, &stage_full[stage]);
+        fc::tma_load_3d(k_s + Cfg::kKvBytes, tmap_v, 0, row0, head, &stage_full[stage]);
       }
       return;
     }
-    fc::copy_rows_async<Cfg, Cfg::kTileN>(k_s, k, tile * Cfg::kTileN, kv_end, tid);
-    fc::copy_rows_async<Cfg, Cfg::kTileN>(k_s + Cfg::kKvBytes, v, tile * Cfg::kTileN, kv_end, tid);
+    // The thread's copy terms (row, chunk, swizzle) from an opaque copy of tid, recomputed at each refill: none is
+    // held across the loop (the long D=128 kernel, at 255 registers, spilled one).
+    int copy_tid = tid;
+    asm volatile("mov.b32 %0, %0;" : "+r"(copy_tid));
+    fc::copy_rows_async<Cfg, Cfg::kTileN>(k_s, k, row0, kv_end, copy_tid);
+    fc::copy_rows_async<Cfg, Cfg::kTileN>(k_s + Cfg::kKvBytes, v, row0, kv_end, copy_tid);
   };
+  auto load_tile = [&](int t, int stage) { load_rows((tile_begin + t) * Cfg::kTileN, stage); };
+  const bool sees_no_key = n_tiles == 0;
 
   // Q_i straight into registers when it never touches shared memory: issued first, it is needed first.
   fc::QFragments<Cfg> q_frag;
@@ -109,8 +129,8 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     // The same L2 prefetch as below, a tile at a time: CTA i of the head takes tiles i, i + tiles, ...
     if (tid == 0) {
       for (int tile = kPrologueTiles + tile_index; tile < n_tiles; tile += tiles) {
-        fc::tma_prefetch_3d(tmap_k, 0, tile * Cfg::kTileN, head);
-        fc::tma_prefetch_3d(tmap_v, 0, tile * Cfg::kTileN, head);
+        fc::tma_prefetch_3d(tmap_k, 0, (tile_begin + tile) * Cfg::kTileN, head);
+        fc::tma_prefetch_3d(tmap_v, 0, (tile_begin + tile) * Cfg::kTileN, head);
       }
     }
   } else if constexpr (kSplit > 1) {
@@ -126,11 +146,18 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     }
   }
 
-  // Rows of this warp, and the keys any of them can see (none for a warp wholly past the sequence end).
+  // Rows of this warp. The keys any of them see (fc::visible_keys; none for a warp wholly past the sequence end) and
+  // those all of them see (fc::fully_visible_keys: a tile inside needs no mask) are recomputed at each tile from
+  // warp_row0 and the params, through an opaque copy of warp_row0 so that the compiler holds no more registers
+  // across the loop than before (LongD128 spilled 44 bytes with them held): a few integer operations per tile.
   const int warp_row0 = m0 + row_warp * kWarpM;
-  const int warp_kv_end =
-      warp_row0 >= seq_len ? 0 : p.causal ? max(0, min(seq_len_kv, warp_row0 + kWarpM + offset)) : seq_len_kv;
-  const float scale_log2 = p.scale * kLog2e;
+  auto opaque_row0 = [&] {
+    int row0 = warp_row0;
+    asm volatile("mov.b32 %0, %0;" : "+r"(row0));
+    return row0;
+  };
+  // The score's units in the softmax: S * scale * log2 e, or (softcap) the capped score in log2 units already.
+  const float scale_log2 = kSoftcap ? 1.f : p.scale * kLog2e;
 
   // Per-lane ldmatrix row addresses (tile-relative rows are multiples of 8, so row & 7 = lane & 7):
   // A fragments and V (.trans) take rows lane % 8 + 8 * ((lane / 8) % 2); K takes lane % 8 + 8 * (lane / 16).
@@ -145,17 +172,38 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
 
   using Scores = float[Cfg::kMTiles][Cfg::kNTiles][4];
   // This warp's keys in tile t, key0(t) .. key0(t) + kBlockN - 1, and its ldmatrix rows of K and V in a stage.
-  auto key0_of = [&](int t) { return t * Cfg::kTileN + group * kBlockN; };
+  auto key0_of = [&](int t) { return (tile_begin + t) * Cfg::kTileN + group * kBlockN; };
+  // Whether the warp's rows see any of its keys key0 .. key0 + kBlockN - 1 (the tiles a warp sees are consecutive).
+  auto warp_sees = [&](int key0) {
+    const int row0 = opaque_row0();
+    const fc::Range keys = fc::visible_keys(p, row0, min(row0 + kWarpM, seq_len));
+    return row0 < seq_len && key0 < keys.end && key0 + kBlockN > keys.begin;
+  };
   auto k_lane_of = [&](int stage) {
     return fc::smem_addr(k_stage(stage)) + (group * kBlockN + k_row) * Cfg::kRowBytes;
   };
   auto v_lane_of = [&](int stage) {
     return fc::smem_addr(k_stage(stage) + Cfg::kKvBytes) + (group * kBlockN + a_row) * Cfg::kRowBytes;
   };
-  // Only tiles crossing the diagonal or the sequence end carry invisible keys.
+  // Only tiles crossing a window edge (the diagonal under causal) or the sequence end carry invisible keys.
   auto mask_edge = [&](Scores& s, int key0) {
-    if (key0 + kBlockN > seq_len_kv || (p.causal && key0 + kBlockN - 1 > warp_row0 + offset)) {
-      fc::mask_scores<Cfg>(s, warp_row0 + offset, key0, seq_len_kv, p.causal, lane);
+    const int row0 = opaque_row0();
+    const fc::Range full = fc::fully_visible_keys(p, row0, row0 + kWarpM);
+    if (key0 < full.begin || key0 + kBlockN > full.end) {
+      // key j is visible to row i iff -window_left <= j - (i + offset) <= window_right (unbounded sides: INT_MAX)
+      const int window_left = p.window_left < 0 ? INT_MAX : p.window_left;
+      const int window_right = p.window_right < 0 ? INT_MAX : p.window_right;
+      fc::mask_window_scores<Cfg>(s, row0 + offset, key0, seq_len_kv, window_left, window_right, lane);
+    }
+  };
+  // Softcap: S becomes c log2 e tanh(S scale / c) as it leaves the mma (the mask then sets -inf over it).
+  auto scores = [&](Scores& s, uint32_t k_lane) {
+    fc::warp_scores<Cfg, T>(s, q_frag, q_lane, k_lane, lane);
+    if constexpr (kSoftcap) {
+      float cap_in, cap_out;  // scale / c and c log2 e, recomputed here (volatile: not held across the loop)
+      asm volatile("div.approx.f32 %0, %1, %2;" : "=f"(cap_in) : "f"(p.scale), "f"(p.softcap));
+      asm volatile("mul.f32 %0, %1, %2;" : "=f"(cap_out) : "f"(p.softcap), "f"(kLog2e));
+      fc::softcap_scores<Cfg>(s, cap_in, cap_out);
     }
   };
   // P = exp(S * scale - m_new), O = diag(exp(m_i - m_new)) O, then O = O + P V_j.
@@ -182,22 +230,22 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
         }
       }
       const int key0 = key0_of(t);
-      if (key0 >= warp_kv_end) continue;
+      if (!warp_sees(key0)) continue;
       wait_tile(t);
       Scores s;
-      fc::warp_scores<Cfg, T>(s, q_frag, q_lane, k_lane_of(t % kStages), lane);
+      scores(s, k_lane_of(t % kStages));
       mask_edge(s, key0);
       softmax_pv(s, t % kStages);
     }
   } else if constexpr (kTma) {
     // S of the next tile is computed before this tile's softmax and P V, all in one basic block: the tile's
     // mask comes first, and the branches that decide whether a next tile exists wrap the whole block.
-    auto visible = [&](int t) { return t < n_tiles && key0_of(t) < warp_kv_end; };
+    auto visible = [&](int t) { return t < n_tiles && warp_sees(key0_of(t)); };
     auto wait_tile = [&](int t) { fc::mbarrier_wait_parity(&stage_full[t % kStages], (t / kStages) & 1); };
     Scores s, s_next;
     if (visible(0)) {
       wait_tile(0);
-      fc::warp_scores<Cfg, T>(s, q_frag, q_lane, k_lane_of(0), lane);
+      scores(s, k_lane_of(0));
     }
     for (int t = 0; t < n_tiles; ++t) {
       // Tile t - 1's stage is free once every warp is past it: refill it with tile t - 1 + kStages. (The
@@ -209,11 +257,17 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
           load_tile(t - 1 + kStages, (t - 1) % kStages);
         }
       }
-      if (!visible(t)) continue;  // not break: later iterations may still hold a barrier
+      if (!visible(t)) {  // not break: later iterations may still hold a barrier
+        if (visible(t + 1)) {  // the warp's first tile (a window's left edge): its S, as before the loop
+          wait_tile(t + 1);
+          scores(s, k_lane_of((t + 1) % kStages));
+        }
+        continue;
+      }
       mask_edge(s, key0_of(t));
       if (visible(t + 1)) {
         wait_tile(t + 1);
-        fc::warp_scores<Cfg, T>(s_next, q_frag, q_lane, k_lane_of((t + 1) % kStages), lane);
+        scores(s_next, k_lane_of((t + 1) % kStages));
         softmax_pv(s, t % kStages);
 #pragma unroll
         for (int mt = 0; mt < Cfg::kMTiles; ++mt)
@@ -228,22 +282,27 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   } else {
     int compute_stage = 0;
     int load_stage = kStages - 1;
-    for (int t = 0; t < n_tiles; ++t) {
-      fc::cp_async_wait<kStages - 2>();  // this thread's copies of tile t have landed
-      __syncthreads();                   // everyone's have, and every warp is done with tile t - 1's stage
-      if (t + kStages - 1 < n_tiles) load_tile(t + kStages - 1, load_stage);
+    // The loop runs over each tile's first key, row (the tiles start before kv_end): no tile index, count or
+    // tile_begin held across it (the long D=128 kernel is at 255 registers). A tile starts before kv_end exactly
+    // when its index is below tile_begin + n_tiles.
+    const int first_row = n_tiles > 0 ? tile_begin * Cfg::kTileN : kv_end;
+    for (int row = first_row; row < kv_end; row += Cfg::kTileN) {
+      fc::cp_async_wait<kStages - 2>();  // this thread's copies of this tile have landed
+      __syncthreads();                   // everyone's have, and every warp is done with the last tile's stage
+      const int next_row = row + (kStages - 1) * Cfg::kTileN;
+      if (next_row < kv_end) load_rows(next_row, load_stage);
       fc::cp_async_commit();  // an empty group at the tail keeps the wait count uniform
       load_stage = load_stage + 1 == kStages ? 0 : load_stage + 1;
 
       if constexpr (Cfg::kQInRegs && !Cfg::kQFromGlobal) {
-        if (t == 0) fc::load_q_fragments<Cfg>(q_frag, q_lane, lane);
+        if (row == first_row) fc::load_q_fragments<Cfg>(q_frag, q_lane, lane);
       }
 
-      const int key0 = key0_of(t);
-      if (key0 < warp_kv_end) {
+      const int key0 = row + group * kBlockN;
+      if (warp_sees(key0)) {
         // S = Q_i K_j^T
         Scores s;
-        fc::warp_scores<Cfg, T>(s, q_frag, q_lane, k_lane_of(compute_stage), lane);
+        scores(s, k_lane_of(compute_stage));
         mask_edge(s, key0);
         softmax_pv(s, compute_stage);
       }
@@ -255,27 +314,31 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     if constexpr (!kTma && !Cfg::kQFromGlobal) {
       // A CTA that sees no key (causal, S > S_kv: its rows come before the first visible one) never entered
       // the loop, whose first wait covers Q_i's cp.async copies: wait here, or they land over the staged O.
-      if (n_tiles == 0) {
+      if (sees_no_key) {
         fc::cp_async_wait<0>();
         __syncthreads();
       }
     }
+    // The head's sink joins each row's (m_i, l_i) in place (no more registers beside O_i), then
     // O_i = diag(1 / l_i) O_i, staged as fp16 over this warp's own Q_i rows (only this warp ever reads them).
+    if (p.sinks != nullptr) fc::fold_warp_sink<Cfg>(m_i, l_i, scale_log2, fc::sink_log2(p.sinks, bh, p.heads));
     fc::store_warp_rows<Cfg, T>(q_s, row_warp * kWarpM, o, residual, warp_row0, seq_len, o_acc, l_i, lane);
     if (p.lse != nullptr) {
       fc::store_warp_lse<Cfg>(p.lse + static_cast<size_t>(bh) * seq_len, warp_row0, seq_len, m_i, l_i, scale_log2, lane);
     }
   } else {
     // Merge the kSplit groups: m = max_g m_g, l = sum_g exp2(m_g - m) l_g, O = sum_g exp2(m_g - m) O_g / l.
-    // (TMA: every tile loaded was waited on by some warp, since group 0 of the last row warp with rows
-    // before seq_len sees every key below kv_end, so no copy is still landing past this barrier.)
+    // (TMA: every tile loaded was waited on by some warp, since each holds a key that some warp's rows see and
+    // the key groups split every tile, so no copy is still landing past this barrier.)
     if constexpr (!kTma) fc::cp_async_wait<0>();
     __syncthreads();  // every warp has left the loop: the ring's bytes are free for the merge
     float2* stats = reinterpret_cast<float2*>(smem);                       // [kSplit][kBlockM]
     float* o_part = reinterpret_cast<float*>(smem + Cfg::kStatsBytes);    // [kSplit][kBlockM][kOStride]
     fc::store_partials<Cfg>(stats, o_part, o_acc, m_i, l_i, group, row_warp, scale_log2, lane);
     __syncthreads();
-    fc::merge_split_rows<Cfg, T>(stats, o_part, o, residual, m0, seq_len, tid);
-    if (p.lse != nullptr) fc::merge_split_lse<Cfg>(stats, p.lse + static_cast<size_t>(bh) * seq_len, m0, seq_len, tid);
+    fc::merge_split_rows<Cfg, T>(stats, o_part, o, residual, m0, seq_len, tid, p.sinks, bh, p.heads);
+    if (p.lse != nullptr) {
+      fc::merge_split_lse<Cfg>(stats, p.lse + static_cast<size_t>(bh) * seq_len, m0, seq_len, tid, p.sinks, bh, p.heads);
+    }
   }
 }

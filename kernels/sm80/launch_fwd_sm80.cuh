@@ -47,6 +47,38 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
                                                                                                     &tmap_v);
 }
 
+// The softcap twins of the four kernels above (v11_forward's kSoftcap: scores capped as they leave the mma), so that the
+// dense kernels keep their code and their names.
+template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
+__global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
+                                  kMinBlocks) v11_fwd_softcap(FlashcoreParams p) {
+  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, false, __half, true>(p, nullptr, nullptr);
+}
+
+template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
+__global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
+                                  kMinBlocks) v11_fwd_softcap_bf16(FlashcoreParams p) {
+  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, false, __nv_bfloat16, true>(p, nullptr,
+                                                                                                           nullptr);
+}
+
+template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
+__global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
+                                  kMinBlocks)
+    v11_fwd_tma_softcap(FlashcoreParams p, const __grid_constant__ CUtensorMap tmap_k,
+                        const __grid_constant__ CUtensorMap tmap_v) {
+  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, true, __half, true>(p, &tmap_k, &tmap_v);
+}
+
+template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
+__global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
+                                  kMinBlocks)
+    v11_fwd_tma_softcap_bf16(FlashcoreParams p, const __grid_constant__ CUtensorMap tmap_k,
+                             const __grid_constant__ CUtensorMap tmap_v) {
+  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, true, __nv_bfloat16, true>(
+      p, &tmap_k, &tmap_v);
+}
+
 // The configuration heuristic, in one place. Split the keys inside the CTA only when the long
 // configuration's grid would not fill the GPU once: below that the run is one short wave whose length is
 // the per-warp chain, so more CTAs, each with a fraction of the chain, is the win; above it every SM
@@ -66,38 +98,38 @@ static Regime pick_regime(int batch_heads, int seq_len, int long_block_m, int nu
   FC_PLAN_NAME(kernel, Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit, \
                Cfg::kMinBlocks)
 
-template <class Cfg, class T>
+template <class Cfg, class T, bool kSoftcap>
 static const char* kernel_name() {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return V11_PLAN_NAME(v11_fwd_bf16, Cfg);
+  if constexpr (kSoftcap && std::is_same_v<T, __nv_bfloat16>) return V11_PLAN_NAME(v11_fwd_softcap_bf16, Cfg);
+  else if constexpr (kSoftcap) return V11_PLAN_NAME(v11_fwd_softcap, Cfg);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return V11_PLAN_NAME(v11_fwd_bf16, Cfg);
   else return V11_PLAN_NAME(v11_fwd, Cfg);
 }
 
-template <class Cfg, class T>
+template <class Cfg, class T, bool kSoftcap>
 static const char* tma_kernel_name() {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return V11_PLAN_NAME(v11_fwd_tma_bf16, Cfg);
+  if constexpr (kSoftcap && std::is_same_v<T, __nv_bfloat16>) return V11_PLAN_NAME(v11_fwd_tma_softcap_bf16, Cfg);
+  else if constexpr (kSoftcap) return V11_PLAN_NAME(v11_fwd_tma_softcap, Cfg);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return V11_PLAN_NAME(v11_fwd_tma_bf16, Cfg);
   else return V11_PLAN_NAME(v11_fwd_tma, Cfg);
 }
 
-template <class Cfg, class T>
+#define V11_CFG_ARGS(Cfg) Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit, Cfg::kMinBlocks
+
+template <class Cfg, class T, bool kSoftcap>
 static constexpr auto kernel_of() {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return v11_fwd_bf16<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit,
-                        Cfg::kMinBlocks>;
-  } else {
-    return v11_fwd<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit,
-                   Cfg::kMinBlocks>;
-  }
+  if constexpr (kSoftcap && std::is_same_v<T, __nv_bfloat16>) return v11_fwd_softcap_bf16<V11_CFG_ARGS(Cfg)>;
+  else if constexpr (kSoftcap) return v11_fwd_softcap<V11_CFG_ARGS(Cfg)>;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return v11_fwd_bf16<V11_CFG_ARGS(Cfg)>;
+  else return v11_fwd<V11_CFG_ARGS(Cfg)>;
 }
 
-template <class Cfg, class T>
+template <class Cfg, class T, bool kSoftcap>
 static constexpr auto tma_kernel_of() {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return v11_fwd_tma_bf16<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit,
-                            Cfg::kMinBlocks>;
-  } else {
-    return v11_fwd_tma<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit,
-                       Cfg::kMinBlocks>;
-  }
+  if constexpr (kSoftcap && std::is_same_v<T, __nv_bfloat16>) return v11_fwd_tma_softcap_bf16<V11_CFG_ARGS(Cfg)>;
+  else if constexpr (kSoftcap) return v11_fwd_tma_softcap<V11_CFG_ARGS(Cfg)>;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return v11_fwd_tma_bf16<V11_CFG_ARGS(Cfg)>;
+  else return v11_fwd_tma<V11_CFG_ARGS(Cfg)>;
 }
 
 // Raising a kernel's shared-memory limit is a driver call of about a microsecond: at 1,8,512,64 that would be
@@ -117,9 +149,9 @@ static const char* query_grid(const FlashcoreParams& p, dim3* grid) {
   return nullptr;
 }
 
-template <class Cfg, class T>
+template <class Cfg, class T, bool kSoftcap>
 static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
-  constexpr auto kernel = kernel_of<Cfg, T>();
+  constexpr auto kernel = kernel_of<Cfg, T, kSoftcap>();
   if (const char* err = allow_smem_once<kernel, Cfg::kSmemBytes>()) return err;
   dim3 grid;
   if (const char* err = query_grid<Cfg>(p, &grid)) return err;
@@ -146,10 +178,10 @@ static bool encode_rows_map(CUtensorMap* map, const void* base, const FlashcoreP
 
 // The TMA kernel's launch. *launched stays false when the maps could not be made (no error then: the caller
 // takes the cp.async kernel).
-template <class Cfg, class T>
+template <class Cfg, class T, bool kSoftcap>
 static const char* launch_tma(const FlashcoreParams& p, cudaStream_t stream, bool* launched) {
   *launched = false;
-  constexpr auto kernel = tma_kernel_of<Cfg, T>();
+  constexpr auto kernel = tma_kernel_of<Cfg, T, kSoftcap>();
   constexpr int smem = tma_smem_bytes<Cfg>();
   if (const char* err = allow_smem_once<kernel, smem>()) return err;
   dim3 grid;
@@ -193,28 +225,37 @@ inline char* v11_note_buffer() {
   return text;
 }
 
-template <class Cfg, class CfgTma, class T>
+template <class Cfg, class CfgTma, class T, bool kSoftcap>
 static const char* launch_prefer_tma(const FlashcoreParams& p, cudaStream_t stream) {
   if constexpr (fc::kBuildsSm90 && !std::is_void_v<CfgTma>) {
     const char* why = "this driver does not export cuTensorMapEncodeTiled";
     if (fc::tensor_map_encoder() != nullptr) {
       bool launched = false;
-      const char* err = launch_tma<CfgTma, T>(p, stream, &launched);
+      const char* err = launch_tma<CfgTma, T, kSoftcap>(p, stream, &launched);
       if (launched || err != nullptr) return err;
       why = "the driver could not make the K/V tensor maps";
     }
-    snprintf(v11_note_buffer(), 192, "%s ran in place of %s: %s", kernel_name<Cfg, T>(), tma_kernel_name<CfgTma, T>(), why);
+    snprintf(v11_note_buffer(), 192, "%s ran in place of %s: %s", kernel_name<Cfg, T, kSoftcap>(),
+             tma_kernel_name<CfgTma, T, kSoftcap>(), why);
     v11_forward_note() = v11_note_buffer();
   }
-  return launch<Cfg, T>(p, stream);
+  return launch<Cfg, T, kSoftcap>(p, stream);
 }
 
-template <class Long, class LongTma, class Short, class ShortTma, class T>
-static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
+template <class Long, class LongTma, class Short, class ShortTma, class T, bool kSoftcap>
+static const char* forward_regime(const FlashcoreParams& p, cudaStream_t stream) {
   if (pick_regime(p.batch * p.heads, p.seq_len, Long::kBlockM, fc::sm_count()) == Regime::kShort) {
-    return launch_prefer_tma<Short, ShortTma, T>(p, stream);
+    return launch_prefer_tma<Short, ShortTma, T, kSoftcap>(p, stream);
   }
-  return launch_prefer_tma<Long, LongTma, T>(p, stream);
+  return launch_prefer_tma<Long, LongTma, T, kSoftcap>(p, stream);
+}
+
+// The softcap kernels where p.softcap > 0 (the long one's tiles LongSoftcap, of Long's rows), else the dense ones.
+template <class Long, class LongTma, class Short, class ShortTma, class T, class LongSoftcap = Long>
+static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
+  static_assert(LongSoftcap::kBlockM == Long::kBlockM, "one regime choice for both");
+  return p.softcap > 0.f ? forward_regime<LongSoftcap, LongTma, Short, ShortTma, T, true>(p, stream)
+                         : forward_regime<Long, LongTma, Short, ShortTma, T, false>(p, stream);
 }
 
 // D=128: instantiated for fp16 and bf16 in sm80/v11_d128.cu only.
@@ -232,16 +273,17 @@ static const char* forward_dtype(const FlashcoreParams& p, cudaStream_t stream) 
   }
 }
 
-template <class Cfg, class T>
+template <class Cfg, class T, bool kSoftcap = false>
 static FlashcoreKernelPlan plan_of() {
-  return {kernel_name<Cfg, T>(), Cfg::kThreads, Cfg::kSmemBytes};
+  return {kernel_name<Cfg, T, kSoftcap>(), Cfg::kThreads, Cfg::kSmemBytes};
 }
 
-template <class Cfg, class T>
+template <class Cfg, class T, bool kSoftcap = false>
 static FlashcoreKernelPlan tma_plan_of() {
-  return {tma_kernel_name<Cfg, T>(), Cfg::kThreads, tma_smem_bytes<Cfg>()};
+  return {tma_kernel_name<Cfg, T, kSoftcap>(), Cfg::kThreads, tma_smem_bytes<Cfg>()};
 }
 
+// The dense kernels, then their softcap twins.
 template <class T>
 static int plan_dtype(int head_dim, FlashcoreKernelPlan* all) {
   int count = 0;
@@ -250,6 +292,10 @@ static int plan_dtype(int head_dim, FlashcoreKernelPlan* all) {
     all[count++] = plan_of<ShortD64, T>();
     if (fc::kBuildsSm90) all[count++] = tma_plan_of<LongTmaD64, T>();
     if (fc::kBuildsSm90) all[count++] = tma_plan_of<ShortTmaD64, T>();
+    all[count++] = plan_of<LongD64, T, true>();
+    all[count++] = plan_of<ShortD64, T, true>();
+    if (fc::kBuildsSm90) all[count++] = tma_plan_of<LongTmaD64, T, true>();
+    if (fc::kBuildsSm90) all[count++] = tma_plan_of<ShortTmaD64, T, true>();
   } else if (head_dim == 128) {
     count += v11_plan_d128<T>(all);
   }

@@ -7,17 +7,25 @@
 
 #include "sm80/warp_bwd_sm80.cuh"
 #include "common/fa2_fragments.cuh"
+#include "common/family.cuh"
 #include "flashcore.h"
 #include "common/primitives.cuh"
 #include "common/tma.cuh"
 #include "sm80/v11_bwd_traits.cuh"
 
+#include <climits>
 #include <cstdint>
+#include <type_traits>
 
 // ---- main: one CTA per (key block, batch * K/V head) ----
-template <class Cfg, class T>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
-    v11_bwd(FlashcoreBackwardParams b, Workspace w, const __grid_constant__ CUtensorMap dq_map) {
+// The attention family (flashcore.h): the CTA walks only the query blocks fc::visible_rows gives its keys (none: dK =
+// dV = 0), and only a warp's slices outside the window's full band (causal: crossing the diagonal) are masked.
+// kSoftcap (v11_bwd_softcap): t = tanh(S scale / c) is recomputed from S, P = exp(c t - LSE) and dS = P o (dP - D)
+// o (1 - t^2), the gradient at the uncapped scaled score, so dK, dQ take their usual scale; masked pairs get P = dS = 0
+// after the fact (a masked tanh is finite). Sinks: nothing here (the forward's LSE holds them; dL/dsinks is the prep's).
+template <class Cfg, class T, bool kSoftcap>
+__device__ __forceinline__ void v11_backward(const FlashcoreBackwardParams& b, const Workspace& w,
+                                             const CUtensorMap& dq_map) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const FlashcoreParams& p = b.fwd;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
@@ -39,14 +47,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   float* dq_s = reinterpret_cast<float*>(smem + Cfg::kDqOffset);  // [kDqPanels][kBlockM][32] fp32, swizzled (sm_90)
   auto stats = [&](int s) { return reinterpret_cast<float*>(smem + Cfg::kStatsOffset) + s * 2 * kBlockM; };
 
-  // Query blocks that see any of keys n0..: causal, from the first row i with i + offset >= n0.
-  const int m_first = p.causal ? max(0, n0 - offset) / kBlockM : 0;
-  const int m_blocks = fc::ceil_div(seq_len, kBlockM) - m_first;
-  const int steps = m_blocks > 0 ? m_blocks * group : 0;  // every query head of the group, every block
+  // Query blocks that hold a row that sees any of keys n0.. (fc::visible_rows; causal: from the first row i with
+  // i + offset >= n0): m_first .. m_first + m_blocks - 1, for each query head of the group. A step's (head, block) is
+  // recomputed from the grid index where it is used (volatile: never held across the loop; the 255-register
+  // configurations spill with it held).
+  struct Blocks {
+    int first, count;
+  };
+  auto query_blocks = [&]() {
+    int cta;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+    const fc::Range rows = fc::visible_rows(p, cta * kBlockN, min(cta * kBlockN + kBlockN, p.seq_len_kv));
+    const int first = rows.begin / kBlockM;
+    return Blocks{first, rows.begin < rows.end ? fc::ceil_div(rows.end, kBlockM) - first : 0};
+  };
+  const int steps = query_blocks().count * group;  // every query head of the group, every block
+  auto step_head = [&](int step) { return bh0 + step / query_blocks().count; };
+  auto step_row0 = [&](int step) {
+    const Blocks blocks = query_blocks();
+    return (blocks.first + step % blocks.count) * kBlockM;
+  };
 
   auto load_step = [&](int step, int s) {
-    const int bh = bh0 + step / m_blocks;
-    const int m0 = (m_first + step % m_blocks) * kBlockM;
+    const int bh = step_head(step);
+    const int m0 = step_row0(step);
     const size_t base = static_cast<size_t>(bh) * seq_len * kHeadDim;
     fc::copy_rows_async<Cfg, kBlockM>(q_stage(s), fc::tensor<__half>(p.q) + base, m0, seq_len, tid);
     fc::copy_rows_async<Cfg, kBlockM>(do_stage(s), fc::tensor<__half>(b.d_o) + base, m0, seq_len, tid);
@@ -77,7 +101,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   // sm_90: the staged dQ_i of step `step` goes out by TMA reduce-add (thread 0) once every warp has written it
   auto reduce_dq = [&](int step) {
-    const int bh = bh0 + step / m_blocks, m0 = (m_first + step % m_blocks) * kBlockM;
+    const int bh = step_head(step), m0 = step_row0(step);
 #pragma unroll
     for (int panel = 0; panel < Cfg::kDqPanels; ++panel) {
       fc::tma_reduce_add_3d(&dq_map, 32 * panel, m0, bh, dq_s + panel * kBlockM * 32);
@@ -107,8 +131,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         fc::load_q_fragments<Cfg>(v_frag, v_lane, lane);
       }
     }
-    const int bh = bh0 + step / m_blocks;
-    const int m0 = (m_first + step % m_blocks) * kBlockM;
+    const int bh = step_head(step);
+    const int m0 = step_row0(step);
 
     // One slice of kSliceM queries at a time (the whole step at 16 keys per warp): q0 is its first query in the block.
     // Unrolled (the 2 slices at 32 keys: 0 spills; as a loop they spill).
@@ -128,11 +152,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         fc::scores_t<Cfg, T>(st, k_lane, fc::smem_addr(q_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
         fc::scores_t<Cfg, T>(dpt, v_lane, fc::smem_addr(do_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
       }
-      if (p.causal && key0 + Cfg::kWarpKeys - 1 > m0 + q0 + offset) {
-        fc::mask_causal_t<Cfg>(st, key0, m0 + q0, offset, lane);
+      // A slice needs a mask where some key of the warp lies past the window's right edge of the slice's first query
+      // or before its left edge of the slice's last (keys past S_kv are zero rows of K and V: they add nothing).
+      const int window_left = p.window_left < 0 ? INT_MAX : p.window_left;
+      const int window_right = p.window_right < 0 ? INT_MAX : p.window_right;
+      const int diag0 = m0 + q0 + offset;
+      const bool cut = key0 + Cfg::kWarpKeys - 1 - diag0 > window_right || key0 - (diag0 + Cfg::kSliceM - 1) < -window_left;
+      auto mask = [&](auto zero) {  // key j is visible to query i iff -window_left <= j - (i + offset) <= window_right
+        fc::mask_window_t<Cfg, decltype(zero)::value>(st, dpt, key0, diag0, window_left, window_right, lane);
+      };
+      if constexpr (kSoftcap) {
+        // P^T = exp(c tanh(S^T scale / c) - LSE), dS^T = P^T o (dP^T - D) o (1 - tanh^2); then the mask zeroes both
+        float cap_in, cap_out;  // scale / c and c log2 e, recomputed here (volatile: not held across the loop)
+        asm volatile("div.approx.f32 %0, %1, %2;" : "=f"(cap_in) : "f"(p.scale), "f"(p.softcap));
+        asm volatile("mul.f32 %0, %1, %2;" : "=f"(cap_out) : "f"(p.softcap), "f"(kBwdLog2e));
+        fc::probabilities_and_ds_softcap_t<Cfg>(st, dpt, stats(s) + q0, stats(s) + kBlockM + q0, cap_in, cap_out, lane);
+        if (cut) mask(std::true_type{});
+      } else {
+        if (cut) mask(std::false_type{});
+        // P^T = exp(S^T * scale - LSE), dS^T = P^T o (dP^T - D)
+        fc::probabilities_and_ds_t<Cfg>(st, dpt, stats(s) + q0, stats(s) + kBlockM + q0, scale_log2, lane);
       }
-      // P^T = exp(S^T * scale - LSE), dS^T = P^T o (dP^T - D)
-      fc::probabilities_and_ds_t<Cfg>(st, dpt, stats(s) + q0, stats(s) + kBlockM + q0, scale_log2, lane);
       if constexpr (Cfg::kDHalves == 1) {
         // dV += P^T dO_i, dK += dS^T Q_i (the slice's k16 steps)
         fc::accumulate_t<Cfg, T>(st, dv, fc::smem_addr(do_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
@@ -181,4 +221,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const size_t column0 = kv_base + d_half * (kHeadDim / Cfg::kDHalves);  // this warp's half of D (kDHalves = 2)
   fc::store_rows_t<Cfg, T>(fc::tensor<__half>(b.dk) + column0, dk, p.scale, key0, seq_len_kv, lane);
   fc::store_rows_t<Cfg, T>(fc::tensor<__half>(b.dv) + column0, dv, 1.f, key0, seq_len_kv, lane);
+}
+
+template <class Cfg, class T>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    v11_bwd(FlashcoreBackwardParams b, Workspace w, const __grid_constant__ CUtensorMap dq_map) {
+  v11_backward<Cfg, T, false>(b, w, dq_map);
+}
+
+// The softcap twin (p.softcap > 0), so that the dense kernel keeps its code and its name.
+template <class Cfg, class T>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    v11_bwd_softcap(FlashcoreBackwardParams b, Workspace w, const __grid_constant__ CUtensorMap dq_map) {
+  v11_backward<Cfg, T, true>(b, w, dq_map);
 }

@@ -29,6 +29,16 @@
 // backward, sm80/v11_bwd.cu, reads it). Same run beside the build before (H200, cold): 1,8,512,64 8.2 vs 8.2 us,
 // 2,16,4096,64 420.9 vs 430.8, 2,16,4096,128 756.3 vs 767.8. A CTA that sees no key (causal, S > S_kv) waits for
 // Q_i's copies before staging O over them (docs/ladder.md, "A CTA that sees no key").
+// The attention family (flashcore.h), forward and backward: sliding windows fold into the causal machinery at run
+// time: a CTA walks only the key tiles fc::visible_keys gives its rows (a warp computes only those its own rows
+// see; the tile range per CTA costs nothing in the loop), and only tiles outside the keys every row of a warp sees
+// (fc::fully_visible_keys: the window's edges, the diagonal, the sequence end) build per-element masks; a row that
+// sees no key writes O = 0 and LSE = +inf (or its sink). Softcap: separate kernels (v11_fwd*_softcap, a template
+// bool), so the dense ones keep their code and names: each score becomes c log2 e tanh(S scale / c) (tanh.approx)
+// as it leaves the mma, before the mask, and the softmax and LSE run on it. Sinks: only at a row's end (or the
+// split merge's), fc::finish_row_log2 folds exp(sink - m) into l and the LSE, where p.sinks is given. The backward
+// (sm80/v11_bwd.cu) walks each key block's fc::visible_rows, masks only cut slices, and recomputes tanh for the
+// softcap's dS; sinks need nothing there (the LSE holds them; dL/dsinks is common/bwd_passes.cuh's prep).
 //
 // Configuration (V11Config<D, BLOCK_M, BLOCK_N, WARP_M, STAGES, SPLIT, MIN_BLOCKS>; tune space: variants.yaml):
 //   slot         used when                          D  BLOCK_M BLOCK_N WARP_M STAGES SPLIT MIN warps  smem
@@ -38,6 +48,7 @@
 //   ShortD128                                      128     32     16     16      2     4    1    8   69 KB
 //   ShortTmaD64  short, D=64, sm_90+ build          64     32     64     16      3     2    1    4   96 KB
 //   LongTmaD64   long, D=64, sm_90+ build           64    128     64     32      2     1    2    4   48 KB
+//   LongSoftcapD128  long, D=128, softcap          128    128     32     32      2     1    2    4   64 KB
 // Why: 32-row warps read each K/V fragment once for two m16 tiles (16-row warps: ldmatrix caps the mma near
 // 470 TFLOP/s on an H100); registers set the rest (D=128: 48-key tiles, 777 us at 2,16,4096,128 vs 832 for 32).
 // Short: 4 groups x 32 keys 9.5 us at 1,8,512,64 vs 8 x 16 10.6, 2 x 64 9.8 (`flashcore tune`, 20 configurations).
@@ -100,5 +111,9 @@ const char* flashcore_forward_note() { return v11_forward_note(); }
 int flashcore_dtypes() { return (1 << kFlashcoreFloat16) | (1 << kFlashcoreBFloat16); }
 
 // Grouped-query heads and S_kv != S (each query head reads its K/V head; the causal mask is bottom-right), the
-// row log-sum-exp when asked, and the backward in sm80/v11_bwd.cu.
-int flashcore_features() { return kFlashcoreGqa | kFlashcoreSeqLenKv | kFlashcoreLse | kFlashcoreBackward; }
+// row log-sum-exp when asked, the backward in sm80/v11_bwd.cu, and the attention family (sliding windows, softcap,
+// sinks) in both directions.
+int flashcore_features() {
+  return kFlashcoreGqa | kFlashcoreSeqLenKv | kFlashcoreLse | kFlashcoreBackward | kFlashcoreWindow | kFlashcoreSoftcap |
+         kFlashcoreSinks;
+}

@@ -23,6 +23,7 @@
 #pragma once
 
 #include "common/fa2_fragments.cuh"
+#include "common/family.cuh"
 
 namespace fc {
 
@@ -51,6 +52,33 @@ __device__ __forceinline__ void mask_causal_t(float (&s)[Cfg::kMTiles][Cfg::kNTi
         const int key = key0 + (lane >> 2) + 8 * (r >> 1) + 16 * mt;
         const int query = q0 + 8 * j + 2 * (lane & 3) + (r & 1);
         if (key > query + offset) s[mt][j][r] = -INFINITY;
+      }
+}
+
+// The window's mask (flashcore.h; mask_causal_t is its causal case) on the warp's tile: pairs with key - (query +
+// offset) outside [-window_left, window_right] (an unbounded side: INT_MAX); diag0 = q0 + offset, the slice's first
+// query's diagonal. Before the probabilities (kZero = false) S^T is set to -inf there; after them (kZero, the softcap
+// kernel, where tanh(-inf) would not give P = 0) P^T and dS^T are set to 0.
+template <class Cfg, bool kZero>
+__device__ __forceinline__ void mask_window_t(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4],
+                                              float (&ds)[Cfg::kMTiles][Cfg::kNTiles][4], int key0, int diag0,
+                                              int window_left, int window_right, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int j = 0; j < Cfg::kNTiles; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int key = key0 + (lane >> 2) + 8 * (r >> 1) + 16 * mt;
+        const int d = key - (diag0 + 8 * j + 2 * (lane & 3) + (r & 1));
+        if (d > window_right || d < -window_left) {
+          if constexpr (kZero) {
+            s[mt][j][r] = 0.f;
+            ds[mt][j][r] = 0.f;
+          } else {
+            s[mt][j][r] = -INFINITY;
+          }
+        }
       }
 }
 
@@ -111,6 +139,31 @@ __device__ __forceinline__ void probabilities_and_ds_t(float (&s)[Cfg::kMTiles][
         const float p = exp2f(fmaf(s[mt][j][r], scale_log2, -((r & 1) ? l.y : l.x)));
         s[mt][j][r] = p;
         dp[mt][j][r] = p * (dp[mt][j][r] - ((r & 1) ? d.y : d.x));
+      }
+  }
+}
+
+// The softcap kernel's probabilities_and_ds_t: with t = tanh(S^T cap_in) (cap_in = scale / c; fc::tanh_fast),
+// P^T = exp2(t cap_out - LSE_q log2 e) (cap_out = c log2 e) in place of S^T and dS^T = P^T o (dP^T - D_q) o (1 - t^2)
+// in place of dP^T: the gradient at the scaled score before the cap.
+template <class Cfg>
+__device__ __forceinline__ void probabilities_and_ds_softcap_t(float (&s)[Cfg::kMTiles][Cfg::kNTiles][4],
+                                                               float (&dp)[Cfg::kMTiles][Cfg::kNTiles][4],
+                                                               const float* lse2, const float* dsum, float cap_in,
+                                                               float cap_out, int lane) {
+#pragma unroll
+  for (int j = 0; j < Cfg::kNTiles; ++j) {
+    const int col = 8 * j + 2 * (lane & 3);
+    const float2 l = *reinterpret_cast<const float2*>(lse2 + col);
+    const float2 d = *reinterpret_cast<const float2*>(dsum + col);
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float t = tanh_fast(s[mt][j][r] * cap_in);
+        const float p = exp2f(fmaf(t, cap_out, -((r & 1) ? l.y : l.x)));
+        s[mt][j][r] = p;
+        dp[mt][j][r] = p * (dp[mt][j][r] - ((r & 1) ? d.y : d.x)) * fmaf(-t, t, 1.f);
       }
   }
 }
