@@ -237,6 +237,46 @@ familyfirst() {  # issue 47, a first look on a host of several GPUs: the three f
   cat "$LOGS"/lane-*.out
 }
 
+onlane() {  # onlane GPU SPEC...: the bench specs ("NAME|ARGS") one after another on one GPU
+  local g=$1 spec; shift
+  export CUDA_VISIBLE_DEVICES=$g
+  for spec in "$@"; do
+    step "bench-${spec%%|*}" flashcore --registry "$REG" bench ${spec#*|} --reps 100 --json "$LOGS/bench-${spec%%|*}.json"
+  done
+}
+
+familyround() {  # issue 47 on a host of four GPUs, one lane each: v11's checks and stress beside v12's and decode's, the
+  # sanitizers under the family, and v11's rows (the family at 2,16,8192,64 against its plain call; its dense record rows)
+  step build-family flashcore --registry "$REG" build v11 v12 decode
+  local v11fam=() fam pass
+  for pass in fwd bwd; do
+    for fam in "w1024|--window 1024,0" "w4096|--window 4096,0" "softcap50|--softcap 50" "sinks|--sinks"; do
+      v11fam+=("v11-2,16,8192,64-$pass-${fam%%|*}|v11 --shape 2,16,8192,64 --causal --pass $pass ${fam#*|}")
+    done
+  done
+  (export CUDA_VISIBLE_DEVICES=0; step test-v11 flashcore --registry "$REG" test v11 --json "$LOGS/test-v11.json"
+   step pytest-family python3 -m pytest -q -m gpu -n 0 tests/test_family_gpu.py
+   step stress-v12 python3 scripts/stress.py v12 --launches "${LAUNCHES:-2000}" --timeout 500) >"$LOGS/lane-0.out" 2>&1 &
+  (export CUDA_VISIBLE_DEVICES=1; step stress-v11 python3 scripts/stress.py v11 --launches "${LAUNCHES:-2000}" --timeout 300
+   step stress-decode python3 scripts/stress.py decode --launches "${LAUNCHES:-2000}" --timeout 200) >"$LOGS/lane-1.out" 2>&1 &
+  (export CUDA_VISIBLE_DEVICES=2 FLASHCORE_RESULTS=$LOGS/results; local v tool
+   for v in v11 v12; do
+     for tool in memcheck racecheck synccheck; do
+       step "sanitize-$v-$tool" flashcore --registry "$REG" sanitize "$v" --tool "$tool" --shape 2,4:2,97:130,64 --causal \
+         --window 17,0 --softcap 30 --sinks
+     done
+   done
+   for tool in memcheck racecheck synccheck; do
+     step "sanitize-decode-$tool" flashcore --registry "$REG" sanitize decode --tool "$tool" --shape 2,8:2,3:1000,128 \
+       --causal --window 100,0 --sinks
+   done
+   onlane 2 "v11-mission|v11 --shape 1,8,512,64" "v11-2,16,4096,128|v11 --shape 2,16,4096,128" \
+     "v11-2,16,4096,128-causal|v11 --shape 2,16,4096,128 --causal") >"$LOGS/lane-2.out" 2>&1 &
+  (onlane 3 "${v11fam[@]}") >"$LOGS/lane-3.out" 2>&1 &
+  wait
+  cat "$LOGS"/lane-*.out
+}
+
 familycheck() {  # stress with random windows, softcaps and sinks; sanitizers at odd shapes under the family
   step stress-family python3 scripts/stress.py ${VARIANTS:-v11 v12 decode} --launches ${LAUNCHES:-2000} --timeout 900
   export FLASHCORE_RESULTS=$LOGS/results
