@@ -192,3 +192,18 @@ def test_autograd_reaches_the_sinks_on_meta_tensors(name):
         assert t.grad is not None and t.grad.shape == t.shape and t.grad.dtype == t.dtype
     with pytest.raises(FlashcoreInputError, match="sinks has shape"):
         attn(q, k, v, sinks=torch.empty(3, dtype=torch.float32, device="meta"))
+
+
+def test_the_naive_peer_does_not_overflow_and_a_nan_peer_never_loosens_a_check():
+    """The 16-bit naive attention that sets the tolerance scales q first (reorder_ops): on the one-hot extreme
+    (q = k = v = randn x 30) q.k alone is ~57600 > fp16's 65504 / 1.1; and a peer that still overflowed gives no
+    NaN tolerance (a comparison with NaN passes everything) but the rule's own rounding and floor."""
+    from flashcore_cli.check.case import ATOL_BY_DTYPE, grad_tolerance, make_inputs, reference
+
+    case = Case(parse_shape("1,2,40,64"), True, 3, "one-hot", "fp16", grads=True)
+    q, k, v = make_inputs(case, device="cpu")
+    peer = reference(q, k, v, True, 1 / 8, torch.float16)
+    assert torch.isfinite(peer).all()
+    g = torch.randn(100) * 4
+    assert grad_tolerance(case, g, float("nan")) >= ATOL_BY_DTYPE["fp16"]
+    assert math.isfinite(grad_tolerance(case, g, float("nan")))
