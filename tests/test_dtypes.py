@@ -86,6 +86,7 @@ def test_test_plans_every_declared_dtype_with_fp16_seeds_unchanged():
     import dataclasses
 
     from flashcore_cli.check.correctness import plan_cases
+    from flashcore_cli.registry.family import DENSE
     from flashcore_cli.registry.shapes import default_cases
 
     reg = load_registry()
@@ -94,7 +95,11 @@ def test_test_plans_every_declared_dtype_with_fp16_seeds_unchanged():
     both = plan_cases(reg.get("v12"), None, 100)
     assert all(c.grads for c in both)  # v12 declares a backward: every case checks gradients too
     assert [dataclasses.replace(c, grads=False) for c in both[: len(fp16_only)]] == fp16_only
-    assert [c.dtype for c in both[len(fp16_only):]] == ["bf16"] * len(fp16_only)
+    # then the family's odd cases (v12 takes windows, softcaps and sinks), then the same in bf16
+    family = len(both) // 2 - len(fp16_only)
+    assert family > 0 and all(c.family != DENSE for c in both[len(fp16_only) : len(fp16_only) + family])
+    assert [c.dtype for c in both[: len(both) // 2]] == ["fp16"] * (len(both) // 2)
+    assert [c.dtype for c in both[len(both) // 2 :]] == ["bf16"] * (len(both) // 2)
     assert len({c.seed for c in both}) == len(both)  # fresh inputs for every case
 
 

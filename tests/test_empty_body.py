@@ -21,7 +21,7 @@ variants:
   - name: noarch   # v12 without its archs: [sm_90a]
     sources: [kernels/sm90/v12.cu, kernels/sm90/v12_bwd.cu]
     dtypes: [fp16, bf16]
-    features: [gqa, seqlen_kv, lse, backward]
+    features: [gqa, seqlen_kv, lse, backward, window, softcap, sinks]
     summary: "v12, its archs forgotten"
     head_dims: [64, 128]
     causal: true

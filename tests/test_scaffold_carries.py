@@ -20,7 +20,7 @@ variants:
     sources: [kernels/sm90/v12.cu, kernels/sm90/v12_bwd.cu]
     archs: [sm_90a]
     dtypes: [fp16, bf16]
-    features: [gqa, seqlen_kv, lse, backward]
+    features: [gqa, seqlen_kv, lse, backward, window, softcap, sinks]
     summary: "v12"
     head_dims: [64, 128]
     causal: true
