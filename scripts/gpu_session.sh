@@ -277,6 +277,46 @@ familyround() {  # issue 47 on a host of four GPUs, one lane each: v11's checks 
   cat "$LOGS"/lane-*.out
 }
 
+drain() {  # drain GPU QUEUE: take bench specs ("NAME|ARGS") off the shared queue file until it is empty
+  local g=$1 q=$2 spec
+  export CUDA_VISIBLE_DEVICES=$g
+  while spec=$(flock "$q.lock" bash -c 'head -1 "$0"; sed -i 1d "$0"' "$q") && [ -n "$spec" ]; do
+    step "bench-${spec%%|*}" flashcore --registry "$REG" bench ${spec#*|} --reps 100 --json "$LOGS/bench-${spec%%|*}.json"
+  done
+}
+
+familyfinal() {  # issue 47's last look: v12's and v11's checks (tests, stress, sanitizers under the family) on two GPUs,
+  # then every GPU drains one queue of bench rows: the family's rows (v12; v11 too at 2,16,8192,64) and the dense record
+  step build-family flashcore --registry "$REG" build v11 v12 decode
+  local q="$LOGS/queue" shape pass fam v tool spec
+  : >"$q"
+  for shape in 1,16,16384,128 2,16,8192,64; do
+    for pass in fwd bwd; do
+      for fam in "causal|" "w128|--window 128,0" "w1024|--window 1024,0" "w4096|--window 4096,0" "softcap50|--softcap 50" \
+                 "sinks|--sinks"; do
+        v=v12; [ "$shape" = 2,16,8192,64 ] && [ "${fam%%|*}" != causal ] && [ "${fam%%|*}" != w128 ] && v="v12 v11"
+        echo "$shape-$pass-${fam%%|*}|$v --shape $shape --causal --pass $pass ${fam#*|}" >>"$q"
+      done
+    done
+  done
+  VARIANTS="v12 v11" densespecs
+  for spec in "${DENSE[@]}"; do [[ $spec == decode-* ]] || echo "$spec" >>"$q"; done  # decode: familybench's rows
+  for v in v12 v11; do
+    (export CUDA_VISIBLE_DEVICES=$([ $v = v12 ] && echo 0 || echo 1) FLASHCORE_RESULTS=$LOGS/results
+     step "test-$v" flashcore --registry "$REG" test $v --json "$LOGS/test-$v.json"
+     step "stress-$v" python3 scripts/stress.py $v --launches "${LAUNCHES:-2000}" --timeout 300
+     for tool in memcheck racecheck synccheck; do
+       step "sanitize-$v-$tool" flashcore --registry "$REG" sanitize "$v" --tool "$tool" --shape 2,4:2,97:130,64 --causal \
+         --window 17,0 --softcap 30 --sinks
+     done
+     drain "$CUDA_VISIBLE_DEVICES" "$q") >"$LOGS/lane-$v.out" 2>&1 &
+  done
+  (drain 2 "$q") >"$LOGS/lane-2.out" 2>&1 &
+  (drain 3 "$q") >"$LOGS/lane-3.out" 2>&1 &
+  wait
+  cat "$LOGS"/lane-*.out
+}
+
 familycheck() {  # stress with random windows, softcaps and sinks; sanitizers at odd shapes under the family
   step stress-family python3 scripts/stress.py ${VARIANTS:-v11 v12 decode} --launches ${LAUNCHES:-2000} --timeout 900
   export FLASHCORE_RESULTS=$LOGS/results
