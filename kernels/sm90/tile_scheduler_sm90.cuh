@@ -77,6 +77,15 @@ __host__ __device__ __forceinline__ int item_tiles(const FlashcoreParams& p, con
   return tiles.end - tiles.begin;
 }
 
+// The key tiles consumer g's rows (64 from it.m0 + 64g, rows past S included) see: a part of item_key_tiles, since its
+// rows are some of the item's; none (begin >= end) when they see no key. The consumer runs the GEMMs and softmax on
+// these only and takes the item's other tiles' turns without them (with several consumers an item walks the union
+// of their windows: at window 1024 a 192-row item reads 10 tiles and each consumer sees 9).
+template <int kBlockN>
+__host__ __device__ __forceinline__ fc::Range consumer_key_tiles(const FlashcoreParams& p, const Item& it, int g) {
+  return item_key_tiles<kBlockN>(p, Item{it.bh, it.m0 + 64 * g, 1});
+}
+
 // The K/V tiles every row of a warpgroup (64 rows from first_row, rows past S included) sees whole: those need no
 // mask. Every other tile of its item is masked: it reaches past S_kv, or a row's window cuts it (right of the
 // diagonal under causal, or left of a left-bounded window's start). begin >= end: every tile is masked.
