@@ -116,7 +116,8 @@ __host__ __device__ __forceinline__ int kv_head(const FlashcoreParams& p, int bh
 // plan whose busiest CTA finishes first wins (ties: the plain 2-consumer list). Candidates: plain lists of
 // 128 or 192 rows, and mixed lists that end every head with 128-row items instead of its last k 192-row ones. An
 // item's cost is also in proportion to its key tiles (+ 1 for its Q_i, first S and epilogue): uniform without a
-// window (the choice is the one by consumers alone), and what balances a windowed list.
+// window (the choice is the one by consumers alone), and what balances a windowed list. The tiles are those its
+// busiest consumer computes (consumer_key_tiles), not the item's union, which a 192-row item widens by a tile.
 struct Plan {
   int consumers;  // 1, 2 or 3: the kernel
   Items items;
@@ -133,7 +134,12 @@ static double items_makespan(const FlashcoreParams& p, Items items, int sms) {
       const int index = snake_index(round, cta, ctas);
       if (index >= num_items) continue;
       const Item it = item_at<kBlockM>(p, items, index);
-      busy[cta] += kCost[it.consumers] * (item_tiles<kKeysPerTile>(p, it) + 1);
+      int tiles = 0;  // the most any of its consumers computes (consumer_key_tiles; the others' turns are cheap)
+      for (int g = 0; g < it.consumers; ++g) {
+        const fc::Range own = consumer_key_tiles<kKeysPerTile>(p, it, g);
+        tiles = std::max(tiles, own.end - own.begin);
+      }
+      busy[cta] += kCost[it.consumers] * (tiles + 1);
     }
   return *std::max_element(busy.begin(), busy.end());
 }
