@@ -178,12 +178,12 @@ struct Descs {
 
 // One consumer's main loop over an item's key tiles n0 .. n1 - 1 (n1 > n0; the ring indexed by key tile):
 // S = Q_i K_n^T, the softmax, O += P V_n, with the next tile's S issued before this one's P V so the softmax overlaps
-// it. o and st come out unnormalized. Tiles in `whole` (unmasked_tiles) run the softmax without the mask; c and
+// it. o and st come out unnormalized. edges (mask_edges) says which tiles need which bound of the mask; c and
 // cap_in are online_softmax's (softcap: cap * log2(e) and scale / cap).
 template <class Cfg, typename T, bool kSoftcap>
 __device__ __forceinline__ void mainloop(const FlashcoreParams& p, Barriers<Cfg::kStages>& bars, const Ring<Cfg::kStages>& ring,
                                          const Turns<Cfg::kConsumers>& turns, const Descs& d, int n0, int n1,
-                                         float c, float cap_in, fc::Range whole, int diag0, float (&o)[Cfg::kOCols / 2],
+                                         float c, float cap_in, fc::Range edges, int diag0, float (&o)[Cfg::kOCols / 2],
                                          RowState& st) {
   constexpr int kHeadDim = Cfg::kHeadDim, kBlockN = Cfg::kBlockN, kBlockM = Cfg::kBlockM;
   constexpr uint64_t kKSlotStep = Cfg::kKVBytes >> 4;  // one ring slot further, in descriptor units
@@ -191,14 +191,21 @@ __device__ __forceinline__ void mainloop(const FlashcoreParams& p, Barriers<Cfg:
   float s[kBlockN / 2];
   uint32_t pa[kBlockN / 16][4];
   float alpha[2];
-  // Two copies of the softmax, so that the tiles that need no mask (all but those the window's edges, the diagonal
-  // or S_kv cut) run none of its index arithmetic: predicated off, it still took issue slots (ncu: ALU the busiest
-  // pipe).
+  // Copies of the softmax, so that the tiles that need no mask (all but those the window's edges, the diagonal or
+  // S_kv cut) run none of its index arithmetic: predicated off, it still took issue slots (ncu: ALU the busiest
+  // pipe); and in the loop a cut tile compares only the bound that cuts it (the diagonal's, or a window's left
+  // edge's). The first tile, once per item, where the left edge is what usually cuts it (a window's), compares
+  // that one alone or both: one copy fewer.
   auto softmax = [&](int n) {
-    if (n < whole.begin || n >= whole.end) {
-      online_softmax<kBlockN, true, kSoftcap>(s, st, alpha, c, cap_in, diag0, n * kBlockN, p);
+    const bool left = n < edges.begin, right = n >= edges.end;
+    if (!left && !right) {
+      online_softmax<kBlockN, 0, kSoftcap>(s, st, alpha, c, cap_in, diag0, n * kBlockN, p);
+    } else if (!left) {
+      online_softmax<kBlockN, kMaskRight, kSoftcap>(s, st, alpha, c, cap_in, diag0, n * kBlockN, p);
+    } else if (!right) {
+      online_softmax<kBlockN, kMaskLeft, kSoftcap>(s, st, alpha, c, cap_in, diag0, n * kBlockN, p);
     } else {
-      online_softmax<kBlockN, false, kSoftcap>(s, st, alpha, c, cap_in, diag0, n * kBlockN, p);
+      online_softmax<kBlockN, kMaskLeft | kMaskRight, kSoftcap>(s, st, alpha, c, cap_in, diag0, n * kBlockN, p);
     }
   };
   // The first tile: S = Q_i K_n0^T, then its softmax.
@@ -210,7 +217,13 @@ __device__ __forceinline__ void mainloop(const FlashcoreParams& p, Barriers<Cfg:
   fc::wgmma_wait<0>();
   fc::wgmma_fence_operands(s);
   release(&bars.k_empty[ring.slot(n0)]);
-  softmax(n0);
+  if (n0 >= edges.end) {
+    online_softmax<kBlockN, kMaskLeft | kMaskRight, kSoftcap>(s, st, alpha, c, cap_in, diag0, n0 * kBlockN, p);
+  } else if (n0 < edges.begin) {
+    online_softmax<kBlockN, kMaskLeft, kSoftcap>(s, st, alpha, c, cap_in, diag0, n0 * kBlockN, p);
+  } else {
+    online_softmax<kBlockN, 0, kSoftcap>(s, st, alpha, c, cap_in, diag0, n0 * kBlockN, p);
+  }
   pack_p<T, kBlockN>(s, pa);
 
   for (int n = n0 + 1; n < n1; ++n) {
@@ -313,7 +326,7 @@ __device__ __forceinline__ void consumer(const FlashcoreParams& p, const Maps& m
       const Ring<Cfg::kStages> item_ring = {ring.t - tiles.begin};  // indexed by key tile
       skip_tiles<Cfg>(bars, item_ring, turns, tiles.begin, own.begin);
       mainloop<Cfg, T, kSoftcap>(p, bars, item_ring, turns, descs, own.begin, own.end, c, cap_in,
-                                 unmasked_tiles<Cfg::kBlockN>(p, first_row), diag0, o, st);
+                                 mask_edges<Cfg::kBlockN>(p, first_row), diag0, o, st);
       skip_tiles<Cfg>(bars, item_ring, turns, own.end, tiles.end);
     }
     ring.t += num_n;

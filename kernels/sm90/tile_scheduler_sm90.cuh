@@ -104,6 +104,18 @@ __host__ __device__ __forceinline__ bool tile_needs_mask(const FlashcoreParams& 
   return n < whole.begin || n >= whole.end;
 }
 
+// Which tiles a warpgroup's mask (64 rows from first_row, rows past S included) needs which bound of, as
+// [begin, end): tiles n >= begin start at or right of every row's first key (no left cut), tiles n < end end at or
+// left of every row's end (no right cut; S_kv's included). A tile in both runs unmasked (exactly unmasked_tiles);
+// one out of both needs both bounds. A row's first key and end grow with the row, hence the last row's first key
+// and the first row's end.
+template <int kBlockN>
+__host__ __device__ __forceinline__ fc::Range mask_edges(const FlashcoreParams& p, int first_row) {
+  const int begin = fc::visible_keys(p, first_row + 63, first_row + 64).begin;  // >= 0
+  const int end = fc::visible_keys(p, first_row, first_row + 1).end;            // <= S_kv; < 0: a row sees none
+  return {fc::ceil_div(begin, kBlockN), end < 0 ? -1 : end / kBlockN};
+}
+
 // The K/V head of query head bh = b * H + h (grouped-query: H / H_kv query heads share one): b * H_kv + h / (H /
 // H_kv), which is bh / (H / H_kv) since H_kv divides H.
 __host__ __device__ __forceinline__ int kv_head(const FlashcoreParams& p, int bh) {

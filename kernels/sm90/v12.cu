@@ -31,13 +31,14 @@
 //     rows), the producer and every consumer alike, so tiles a window hides on either side are never loaded; each
 //     consumer runs the GEMMs and softmax only on the tiles its own 64 rows see (consumer_key_tiles) and takes the
 //     item's other tiles' turns without them (skip_tiles: a 192-row item at window 1024 reads 10 tiles, each
-//     consumer computes 9). Only
-//     tiles outside a warpgroup's fc::fully_visible_keys (cut by the window's left edge, the diagonal or its right
-//     edge, or S_kv) run the masked softmax copy; the rest run the dense one unchanged. An item whose rows see no
-//     key (a window past either end, S > S_kv causal) takes no tiles and writes O = 0 and LSE +inf (or the sink).
-//     Lists of items that grow with their rows (causal, windows bounded on the right only) go longest first; others
-//     keep a head's items side by side, and D = 64's planner weighs items by their tiles. Windows reaching past
-//     every key become unbounded before launch (clip_window).
+//     consumer computes 9). Only tiles outside a warpgroup's fc::fully_visible_keys (cut by the window's left edge,
+//     the diagonal or its right edge, or S_kv) run a masked softmax copy, which compares only the bound that cuts
+//     the tile (mask_edges: the diagonal's, or the window's left edge's) or both; the rest run the dense one
+//     unchanged. An item whose rows see no key (a window past either end, S > S_kv causal) takes no tiles and
+//     writes O = 0 and LSE +inf (or the sink). Lists of items that grow with their rows (causal, windows bounded on
+//     the right only) go longest first; others keep a head's items side by side, and D = 64's planner weighs items
+//     by the tiles their busiest consumer computes. Windows reaching past every key become unbounded before launch
+//     (clip_window).
 //   - Softcap: a second instantiation of every kernel (a bool; the plain ones are unchanged): the softmax takes
 //     tanh(S * scale / cap) (fc::tanh_fast, before the mask) with cap * log2(e) as its scale, so max, exp2, l and
 //     the LSE are all on the capped score.
