@@ -22,7 +22,11 @@ struct RowState {
 // diag0: this thread's first row's diagonal key (its row + S_kv - S; its second row's is + 8). The mask keeps key
 // col of a row with diagonal diag iff diag - window_left <= col <= diag + window_right (a bound < 0: none) and
 // col < S_kv (fc::key_visible), each bound compared so that a window up to 2^31 - 1 does not overflow.
-template <int kBlockN, bool kMask, bool kSoftcap>
+// kMask: which of those bounds the tile needs (kMaskLeft | kMaskRight; 0: none): a tile that lies right of every
+// row's first key needs only the right one (the diagonal under causal), one left of every row's end only the left
+// one (a window's left edge), so each masked element costs one compare, not two (mask_edges says which).
+constexpr int kMaskLeft = 1, kMaskRight = 2;
+template <int kBlockN, int kMask, bool kSoftcap>
 __device__ __forceinline__ void online_softmax(float (&s)[kBlockN / 2], RowState& st, float (&alpha)[2], float c,
                                                float cap_in, int diag0, int col0, const FlashcoreParams& p) {
   if (kSoftcap) {  // before the mask: tanh(-inf) would make a masked score -cap
@@ -46,7 +50,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[kBlockN / 2], RowState
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int off = 8 * j + (e & 1);
-        if (off < lo[e >> 1] || off > hi[e >> 1]) s[4 * j + e] = -INFINITY;
+        const bool cut = ((kMask & kMaskLeft) && off < lo[e >> 1]) || ((kMask & kMaskRight) && off > hi[e >> 1]);
+        if (cut) s[4 * j + e] = -INFINITY;
       }
     }
   }

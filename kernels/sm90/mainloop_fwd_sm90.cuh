@@ -1,7 +1,8 @@
 // sm90/mainloop_fwd_sm90.cuh — v12's kernel and its roles. A persistent CTA of one producer warpgroup and consumer
 // warpgroups: producer (TMA loads of Q_i, K_j, V_j into the ring), and per item of the work list each consumer
-// either relays the turns (relay_turns: an item with none of its rows) or runs the main loop (mainloop: the GEMMs
-// and the softmax under ping-pong turns), then the epilogue (sm90/epilogue_fwd_sm90.cuh). Composed of
+// either relays the turns (relay_turns: an item with none of its rows, or none that see its keys) or runs the main
+// loop (mainloop: the GEMMs and the softmax under ping-pong turns) over the item's tiles its rows see, taking the
+// others' turns without GEMMs (skip_tiles), then the epilogue (sm90/epilogue_fwd_sm90.cuh). Composed of
 // sm90/tile_scheduler_sm90.cuh's work list and sm90/consumer_sm90.cuh's steps.
 #pragma once
 
@@ -109,10 +110,13 @@ struct Ring {
 };
 
 // Ping-pong: the consumers take turns issuing GEMMs (named barriers mine / next), so one's softmax runs while
-// another's GEMMs do. Each item starts afresh: its last consumer lets the first go first, and the last turn passes
-// none on. Every consumer takes every turn, even with no rows in the item: a ring whose members changed from item
-// to item let a consumer's first arrival of one item land on a barrier still counting the last item's turns (a
-// hang at 3,16,3000,64). (One consumer has no one to take turns with.)
+// another's GEMMs do. The turns run round the ring for the CTA's whole life, across items: the last consumer hands
+// the first its first turn once, and every turn passes on (the last consumer's last turn of an item lets the first
+// start the next item's S while the last still runs its epilogue; the last pass is left unmatched at exit, as in
+// FlashAttention-3's scheduler barriers). Every consumer takes num_n + 1 turns per item (num_n K/V tiles), even
+// with no rows in the item or none in a tile: a ring whose members changed from item to item let a consumer's
+// first arrival of one item land on a barrier still counting the last item's turns (a hang at 3,16,3000,64).
+// (One consumer has no one to take turns with.)
 template <int kConsumers>
 struct Turns {
   int mine, next;
@@ -124,11 +128,12 @@ struct Turns {
   }
 };
 
-// A consumer with no rows in the item: relay the turns, and release each slot as it fills, so every barrier's
-// count stays 4 per consumer. Waiting for each fill keeps this warpgroup within one lap of the producer.
+// A consumer with no rows in the item, or whose rows see none of its tiles: relay the turns, and release each slot
+// as it fills, so every barrier's count stays 4 per consumer. Waiting for each fill keeps this warpgroup within one
+// lap of the producer.
 template <class Cfg>
 __device__ __forceinline__ void relay_turns(Barriers<Cfg::kStages>& bars, const Ring<Cfg::kStages>& ring,
-                                            const Turns<Cfg::kConsumers>& turns, int g, int num_n, uint32_t q_lap) {
+                                            const Turns<Cfg::kConsumers>& turns, int num_n, uint32_t q_lap) {
   fc::mbarrier_wait_parity(&bars.q_full, q_lap);
   release(&bars.q_empty);
   for (int n = 0; n < num_n; ++n) {
@@ -144,8 +149,24 @@ __device__ __forceinline__ void relay_turns(Barriers<Cfg::kStages>& bars, const 
   if (num_n > 0) {
     fc::mbarrier_wait_parity(&bars.v_full[ring.slot(num_n - 1)], ring.lap(num_n - 1));
     turns.take();
-    if (g + 1 < Cfg::kConsumers) turns.pass();
+    turns.pass();
     release(&bars.v_empty[ring.slot(num_n - 1)]);
+  }
+}
+
+// Key tiles n0 .. n1 - 1 of the item that a consumer's rows see none of (every score of theirs masked): one turn
+// each with no GEMM, and each slot released once filled (the ring indexed by key tile). Skipping them is exact:
+// their P is 0 and they leave m and O as they were.
+template <class Cfg>
+__device__ __forceinline__ void skip_tiles(Barriers<Cfg::kStages>& bars, const Ring<Cfg::kStages>& ring,
+                                           const Turns<Cfg::kConsumers>& turns, int n0, int n1) {
+  for (int n = n0; n < n1; ++n) {
+    fc::mbarrier_wait_parity(&bars.k_full[ring.slot(n)], ring.lap(n));
+    turns.take();
+    turns.pass();
+    release(&bars.k_empty[ring.slot(n)]);
+    fc::mbarrier_wait_parity(&bars.v_full[ring.slot(n)], ring.lap(n));
+    release(&bars.v_empty[ring.slot(n)]);
   }
 }
 
@@ -157,12 +178,12 @@ struct Descs {
 
 // One consumer's main loop over an item's key tiles n0 .. n1 - 1 (n1 > n0; the ring indexed by key tile):
 // S = Q_i K_n^T, the softmax, O += P V_n, with the next tile's S issued before this one's P V so the softmax overlaps
-// it. o and st come out unnormalized. Tiles in `whole` (unmasked_tiles) run the softmax without the mask; c and
+// it. o and st come out unnormalized. edges (mask_edges) says which tiles need which bound of the mask; c and
 // cap_in are online_softmax's (softcap: cap * log2(e) and scale / cap).
 template <class Cfg, typename T, bool kSoftcap>
 __device__ __forceinline__ void mainloop(const FlashcoreParams& p, Barriers<Cfg::kStages>& bars, const Ring<Cfg::kStages>& ring,
-                                         const Turns<Cfg::kConsumers>& turns, const Descs& d, int g, int n0, int n1,
-                                         float c, float cap_in, fc::Range whole, int diag0, float (&o)[Cfg::kOCols / 2],
+                                         const Turns<Cfg::kConsumers>& turns, const Descs& d, int n0, int n1,
+                                         float c, float cap_in, fc::Range edges, int diag0, float (&o)[Cfg::kOCols / 2],
                                          RowState& st) {
   constexpr int kHeadDim = Cfg::kHeadDim, kBlockN = Cfg::kBlockN, kBlockM = Cfg::kBlockM;
   constexpr uint64_t kKSlotStep = Cfg::kKVBytes >> 4;  // one ring slot further, in descriptor units
@@ -170,14 +191,21 @@ __device__ __forceinline__ void mainloop(const FlashcoreParams& p, Barriers<Cfg:
   float s[kBlockN / 2];
   uint32_t pa[kBlockN / 16][4];
   float alpha[2];
-  // Two copies of the softmax, so that the tiles that need no mask (all but those the window's edges, the diagonal
-  // or S_kv cut) run none of its index arithmetic: predicated off, it still took issue slots (ncu: ALU the busiest
-  // pipe).
+  // Copies of the softmax, so that the tiles that need no mask (all but those the window's edges, the diagonal or
+  // S_kv cut) run none of its index arithmetic: predicated off, it still took issue slots (ncu: ALU the busiest
+  // pipe); and in the loop a cut tile compares only the bound that cuts it (the diagonal's, or a window's left
+  // edge's). The first tile, once per item, where the left edge is what usually cuts it (a window's), compares
+  // that one alone or both: one copy fewer.
   auto softmax = [&](int n) {
-    if (n < whole.begin || n >= whole.end) {
-      online_softmax<kBlockN, true, kSoftcap>(s, st, alpha, c, cap_in, diag0, n * kBlockN, p);
+    const bool left = n < edges.begin, right = n >= edges.end;
+    if (!left && !right) {
+      online_softmax<kBlockN, 0, kSoftcap>(s, st, alpha, c, cap_in, diag0, n * kBlockN, p);
+    } else if (!left) {
+      online_softmax<kBlockN, kMaskRight, kSoftcap>(s, st, alpha, c, cap_in, diag0, n * kBlockN, p);
+    } else if (!right) {
+      online_softmax<kBlockN, kMaskLeft, kSoftcap>(s, st, alpha, c, cap_in, diag0, n * kBlockN, p);
     } else {
-      online_softmax<kBlockN, false, kSoftcap>(s, st, alpha, c, cap_in, diag0, n * kBlockN, p);
+      online_softmax<kBlockN, kMaskLeft | kMaskRight, kSoftcap>(s, st, alpha, c, cap_in, diag0, n * kBlockN, p);
     }
   };
   // The first tile: S = Q_i K_n0^T, then its softmax.
@@ -189,7 +217,13 @@ __device__ __forceinline__ void mainloop(const FlashcoreParams& p, Barriers<Cfg:
   fc::wgmma_wait<0>();
   fc::wgmma_fence_operands(s);
   release(&bars.k_empty[ring.slot(n0)]);
-  softmax(n0);
+  if (n0 >= edges.end) {
+    online_softmax<kBlockN, kMaskLeft | kMaskRight, kSoftcap>(s, st, alpha, c, cap_in, diag0, n0 * kBlockN, p);
+  } else if (n0 < edges.begin) {
+    online_softmax<kBlockN, kMaskLeft, kSoftcap>(s, st, alpha, c, cap_in, diag0, n0 * kBlockN, p);
+  } else {
+    online_softmax<kBlockN, 0, kSoftcap>(s, st, alpha, c, cap_in, diag0, n0 * kBlockN, p);
+  }
   pack_p<T, kBlockN>(s, pa);
 
   for (int n = n0 + 1; n < n1; ++n) {
@@ -228,7 +262,7 @@ __device__ __forceinline__ void mainloop(const FlashcoreParams& p, Barriers<Cfg:
   turns.take();
   gemm_pv<T, Cfg::kOCols, kBlockN>(o, pa, d.v0 + sv * kVSlotStep);
   fc::wgmma_fence_operands(o);
-  if (g + 1 < Cfg::kConsumers) turns.pass();  // the last turn passes none on
+  turns.pass();
   fc::wgmma_wait<0>();
   fc::wgmma_fence_operands(o);
   fc::wgmma_fence_operands(pa);
@@ -260,6 +294,7 @@ __device__ __forceinline__ void consumer(const FlashcoreParams& p, const Maps& m
   }
 
   const Turns<kConsumers> turns = {kSchedBarrier + g, kSchedBarrier + (g + 1) % kConsumers};
+  if (g == kConsumers - 1) turns.pass();  // the first consumer takes the CTA's first turn
   Ring<Cfg::kStages> ring = {0};
   for (int round = 0, index = blockIdx.x; index < num_items(p, items); index = snake_index(++round, blockIdx.x, gridDim.x)) {
     const uint32_t q_lap = round & 1;
@@ -269,13 +304,13 @@ __device__ __forceinline__ void consumer(const FlashcoreParams& p, const Maps& m
     // An item with no K/V tiles (its rows see no key: causal with S > S_kv, a window past either end of the keys)
     // has no turns either: every consumer skips them alike, so the counts stay matched; each still takes Q_i's lap,
     // and those with rows write them (O = 0, the LSE +inf or the sink).
-    if (g == kConsumers - 1 && num_n > 0) turns.pass();
     if (g >= it.consumers) {
-      relay_turns<Cfg>(bars, ring, turns, g, num_n, q_lap);
+      relay_turns<Cfg>(bars, ring, turns, num_n, q_lap);
       ring.t += num_n;
       continue;
     }
     const int first_row = it.m0 + 64 * g;  // this warpgroup's first query row
+    const fc::Range own = consumer_key_tiles<Cfg::kBlockN>(p, it, g);  // within tiles; the rest are skipped
     // Bottom-right: row i's window is centred on key i + S_kv - S (its diagonal): this thread's first row's.
     const int diag0 = first_row + fc::causal_offset(p) + r_local;
 
@@ -283,13 +318,16 @@ __device__ __forceinline__ void consumer(const FlashcoreParams& p, const Maps& m
 #pragma unroll
     for (int i = 0; i < Cfg::kOCols / 2; ++i) o[i] = 0.f;
     RowState st = {{-INFINITY, -INFINITY}};
-    fc::mbarrier_wait_parity(&bars.q_full, q_lap);
-    if (num_n == 0) {
-      release(&bars.q_empty);  // no row sees a key: O = 0 and l = 0 (LSE +inf), straight to the epilogue
+    if (own.end <= own.begin) {
+      // No row of this warpgroup sees a key of the item (or the item has no tiles): O = 0 and l = 0 (LSE +inf).
+      relay_turns<Cfg>(bars, ring, turns, num_n, q_lap);
     } else {
+      fc::mbarrier_wait_parity(&bars.q_full, q_lap);
       const Ring<Cfg::kStages> item_ring = {ring.t - tiles.begin};  // indexed by key tile
-      mainloop<Cfg, T, kSoftcap>(p, bars, item_ring, turns, descs, g, tiles.begin, tiles.end, c, cap_in,
-                                 unmasked_tiles<Cfg::kBlockN>(p, first_row), diag0, o, st);
+      skip_tiles<Cfg>(bars, item_ring, turns, tiles.begin, own.begin);
+      mainloop<Cfg, T, kSoftcap>(p, bars, item_ring, turns, descs, own.begin, own.end, c, cap_in,
+                                 mask_edges<Cfg::kBlockN>(p, first_row), diag0, o, st);
+      skip_tiles<Cfg>(bars, item_ring, turns, own.end, tiles.end);
     }
     ring.t += num_n;
     const int bh = item_at<kBlockM>(p, items, index).bh;  // recomputed: one register fewer through the loop

@@ -77,6 +77,15 @@ __host__ __device__ __forceinline__ int item_tiles(const FlashcoreParams& p, con
   return tiles.end - tiles.begin;
 }
 
+// The key tiles consumer g's rows (64 from it.m0 + 64g, rows past S included) see: a part of item_key_tiles, since its
+// rows are some of the item's; none (begin >= end) when they see no key. The consumer runs the GEMMs and softmax on
+// these only and takes the item's other tiles' turns without them (with several consumers an item walks the union
+// of their windows: at window 1024 a 192-row item reads 10 tiles and each consumer sees 9).
+template <int kBlockN>
+__host__ __device__ __forceinline__ fc::Range consumer_key_tiles(const FlashcoreParams& p, const Item& it, int g) {
+  return item_key_tiles<kBlockN>(p, Item{it.bh, it.m0 + 64 * g, 1});
+}
+
 // The K/V tiles every row of a warpgroup (64 rows from first_row, rows past S included) sees whole: those need no
 // mask. Every other tile of its item is masked: it reaches past S_kv, or a row's window cuts it (right of the
 // diagonal under causal, or left of a left-bounded window's start). begin >= end: every tile is masked.
@@ -95,6 +104,18 @@ __host__ __device__ __forceinline__ bool tile_needs_mask(const FlashcoreParams& 
   return n < whole.begin || n >= whole.end;
 }
 
+// Which tiles a warpgroup's mask (64 rows from first_row, rows past S included) needs which bound of, as
+// [begin, end): tiles n >= begin start at or right of every row's first key (no left cut), tiles n < end end at or
+// left of every row's end (no right cut; S_kv's included). A tile in both runs unmasked (exactly unmasked_tiles);
+// one out of both needs both bounds. A row's first key and end grow with the row, hence the last row's first key
+// and the first row's end.
+template <int kBlockN>
+__host__ __device__ __forceinline__ fc::Range mask_edges(const FlashcoreParams& p, int first_row) {
+  const int begin = fc::visible_keys(p, first_row + 63, first_row + 64).begin;  // >= 0
+  const int end = fc::visible_keys(p, first_row, first_row + 1).end;            // <= S_kv; < 0: a row sees none
+  return {fc::ceil_div(begin, kBlockN), end < 0 ? -1 : end / kBlockN};
+}
+
 // The K/V head of query head bh = b * H + h (grouped-query: H / H_kv query heads share one): b * H_kv + h / (H /
 // H_kv), which is bh / (H / H_kv) since H_kv divides H.
 __host__ __device__ __forceinline__ int kv_head(const FlashcoreParams& p, int bh) {
@@ -107,7 +128,8 @@ __host__ __device__ __forceinline__ int kv_head(const FlashcoreParams& p, int bh
 // plan whose busiest CTA finishes first wins (ties: the plain 2-consumer list). Candidates: plain lists of
 // 128 or 192 rows, and mixed lists that end every head with 128-row items instead of its last k 192-row ones. An
 // item's cost is also in proportion to its key tiles (+ 1 for its Q_i, first S and epilogue): uniform without a
-// window (the choice is the one by consumers alone), and what balances a windowed list.
+// window (the choice is the one by consumers alone), and what balances a windowed list. The tiles are those its
+// busiest consumer computes (consumer_key_tiles), not the item's union, which a 192-row item widens by a tile.
 struct Plan {
   int consumers;  // 1, 2 or 3: the kernel
   Items items;
@@ -124,7 +146,12 @@ static double items_makespan(const FlashcoreParams& p, Items items, int sms) {
       const int index = snake_index(round, cta, ctas);
       if (index >= num_items) continue;
       const Item it = item_at<kBlockM>(p, items, index);
-      busy[cta] += kCost[it.consumers] * (item_tiles<kKeysPerTile>(p, it) + 1);
+      int tiles = 0;  // the most any of its consumers computes (consumer_key_tiles; the others' turns are cheap)
+      for (int g = 0; g < it.consumers; ++g) {
+        const fc::Range own = consumer_key_tiles<kKeysPerTile>(p, it, g);
+        tiles = std::max(tiles, own.end - own.begin);
+      }
+      busy[cta] += kCost[it.consumers] * (tiles + 1);
     }
   return *std::max_element(busy.begin(), busy.end());
 }

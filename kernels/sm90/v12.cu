@@ -8,7 +8,8 @@
 // Overlaps: ping-pong (named barriers give the consumers turns, so one's exp2 runs while another's GEMMs do),
 // intra-warpgroup (S_{j+1} is issued with P_j V_j and its softmax runs while P_j V_j is in flight), and across
 // items (the next Q_i loads once every consumer's last S has landed, during the last P V and the epilogue, which
-// stages O in a tile of its own and stores it by TMA). Parts: sm90/v12_traits.cuh (configurations),
+// stages O in a tile of its own and stores it by TMA; the turns run on across items, so the first consumer issues
+// the next item's first S while the last one is still in its epilogue). Parts: sm90/v12_traits.cuh (configurations),
 // sm90/tile_scheduler_sm90.cuh (the work list and its planner), sm90/consumer_sm90.cuh (softmax, GEMMs),
 // sm90/mainloop_fwd_sm90.cuh (the kernel and its roles: producer, relay_turns, mainloop, consumer),
 // sm90/epilogue_fwd_sm90.cuh (O and the LSE stored); this file launches it. Primitives: common/hopper.cuh,
@@ -27,13 +28,17 @@
 //
 // The attention family (flashcore.h), forward:
 //   - Window: an item walks only the key tiles its rows' windows reach (item_key_tiles: fc::visible_keys over its
-//     rows), the producer and every consumer alike, so tiles a window hides on either side are never loaded. Only
-//     tiles outside a warpgroup's fc::fully_visible_keys (cut by the window's left edge, the diagonal or its right
-//     edge, or S_kv) run the masked softmax copy; the rest run the dense one unchanged. An item whose rows see no
-//     key (a window past either end, S > S_kv causal) takes no tiles and writes O = 0 and LSE +inf (or the sink).
-//     Lists of items that grow with their rows (causal, windows bounded on the right only) go longest first; others
-//     keep a head's items side by side, and D = 64's planner weighs items by their tiles. Windows reaching past
-//     every key become unbounded before launch (clip_window).
+//     rows), the producer and every consumer alike, so tiles a window hides on either side are never loaded; each
+//     consumer runs the GEMMs and softmax only on the tiles its own 64 rows see (consumer_key_tiles) and takes the
+//     item's other tiles' turns without them (skip_tiles: a 192-row item at window 1024 reads 10 tiles, each
+//     consumer computes 9). Only tiles outside a warpgroup's fc::fully_visible_keys (cut by the window's left edge,
+//     the diagonal or its right edge, or S_kv) run a masked softmax copy, which compares only the bound that cuts
+//     the tile (mask_edges: the diagonal's, or the window's left edge's) or both; the rest run the dense one
+//     unchanged. An item whose rows see no key (a window past either end, S > S_kv causal) takes no tiles and
+//     writes O = 0 and LSE +inf (or the sink). Lists of items that grow with their rows (causal, windows bounded on
+//     the right only) go longest first; others keep a head's items side by side, and D = 64's planner weighs items
+//     by the tiles their busiest consumer computes. Windows reaching past every key become unbounded before launch
+//     (clip_window).
 //   - Softcap: a second instantiation of every kernel (a bool; the plain ones are unchanged): the softmax takes
 //     tanh(S * scale / cap) (fc::tanh_fast, before the mask) with cap * log2(e) as its scale, so max, exp2, l and
 //     the LSE are all on the capped score.
