@@ -223,6 +223,8 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
       fc::wgmma_fence_operands(dsa);
       fc::mbarrier_arrive(&bars.empty[s]);
     }
+    // Every thread arrives on kv_empty once per tile, as its products that read K_j and V_j are done: the next
+    // tile's K/V load goes out before the last dQ's hand-over, which can wait for the dQ warp.
     if (steps.count > 0) {  // the last step's dQ (the next tile's first step arrives on its buffer's ds_empty)
       const int last = it - 1;
       fc::mbarrier_wait_parity(&bars.ds_full[last & 1], (last >> 1) & 1);
@@ -230,9 +232,11 @@ __device__ __forceinline__ void bwd_consumer(const FlashcoreBackwardParams& b, c
       gemm_dq<Cfg, T>(dq, desc_ds + (last & 1) * kDsStep, desc_k_t);
       fc::wgmma_wait<0>();
       fc::wgmma_fence_operands(dq);
+      fc::mbarrier_arrive(&bars.kv_empty);  // every thread (with a step)
       hand_over_dq<Cfg>(dq_stage, dq, g, it - 1, warp, lane());
+    } else {
+      fc::mbarrier_arrive(&bars.kv_empty);
     }
-    fc::mbarrier_arrive(&bars.kv_empty);  // every thread: its products that read K_j and V_j are done
 
     // dK = scale dS^T Q, dV = P^T dO for this warpgroup's 64 keys (sm90/epilogue_bwd_sm90.cuh)
     if constexpr (Cfg::kEpiStaged) {

@@ -68,8 +68,17 @@ __device__ __forceinline__ void bwd_producer(const FlashcoreBackwardParams& b, c
   }
 }
 
+// cp.async.bulk.prefetch.tensor.4d.L2: the box at (c0, c1, c2, c3) into L2; nothing waits for it.
+__device__ __forceinline__ void bwd_prefetch_l2_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3) {
+  FC_SM90_ONLY(asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global [%0, {%1, %2, %3, %4}];\n" ::"l"(map),
+                            "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                            : "memory"));
+}
+
 // Another thread: each tile's K_j and V_j, once both consumers are done with the tile before (their last products
-// read K and V), so the next tile's load runs under the consumers' dK, dV stores.
+// read K and V), so the next tile's load runs under the consumers' dK, dV stores. A tile after the first is taken
+// as the producer publishes it, about two steps before the consumers release K and V: its K_j and V_j go into L2
+// then, so the load into shared memory, on the tile's critical path, hits L2 (each K/V tile is read once).
 template <class Cfg>
 __device__ __forceinline__ void bwd_kv_loader(const FlashcoreParams& p, const BwdMaps& maps) {
   BwdBarriers& bars = bwd_barriers<Cfg>();
@@ -77,6 +86,10 @@ __device__ __forceinline__ void bwd_kv_loader(const FlashcoreParams& p, const Bw
   BwdTile tile;
   for (int round = 0; bwd_take_tile<Cfg>(p, round, tile); ++round) {
     const int n0 = tile.n_block * Cfg::kBlockN;
+    if (round > 0) {
+      bwd_prefetch_l2_4d(&maps.k, 0, n0, 0, tile.bh_kv);
+      bwd_prefetch_l2_4d(&maps.v, 0, n0, 0, tile.bh_kv);
+    }
     fc::mbarrier_wait_parity(&bars.kv_empty, (round & 1) ^ 1);
     fc::mbarrier_arrive_expect_bytes(&bars.kv_full, 2 * Cfg::kKVBytes);
     fc::tma_load_4d(smem + Cfg::kKOffset, &maps.k, 0, n0, 0, tile.bh_kv, &bars.kv_full);
