@@ -27,12 +27,15 @@
 // second S and takes one tile at a time, Q_i by cp.async into shared memory as in the cp.async kernel.
 // The attention family (flashcore.h): a CTA walks only the key tiles fc::visible_keys gives its rows, a warp
 // computes only the tiles its own rows see, and only tiles outside the keys every row of the warp sees
-// (fc::fully_visible_keys) build per-element masks; causal is the window (-1, 0). kSoftcap: each score becomes
-// c log2 e tanh(S scale / c) as it leaves the mma (before the mask), so the softmax runs on it with a scale of 1
-// (log2 units); the dense instantiation is the kernel as it was. Sinks: folded into each row's end (fold_warp_sink;
-// the split merge's row_end_log2), only where p.sinks is given.
+// (fc::fully_visible_keys) build per-element masks; causal is the window (-1, 0). kSoftcap (the family kernels,
+// v11_fwd*_family): where p.softcap > 0, each score becomes c log2 e tanh(S scale / c) as it leaves the mma (before the
+// mask), so the softmax runs on it with a scale of 1 (log2 units); a uniform branch per tile. kWindow (implied by
+// kSoftcap): the window machinery above; without it (the dense kernels) the kernel takes only dense and causal calls
+// (window (-1, -1) or (-1, 0), no softcap) and its loop is the pre-family one: tiles 0 .. n_tiles - 1 up to the causal
+// edge, one key bound per warp held across the loop, the causal mask_scores. Sinks: folded into each row's end
+// (fold_warp_sink; the split merge's row_end_log2), only where p.sinks is given, in every instantiation.
 template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks, bool kTma,
-          class T, bool kSoftcap = false>
+          class T, bool kSoftcap = false, bool kWindow = kSoftcap>
 __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap* tmap_k, const CUtensorMap* tmap_v) {
   using Cfg = V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>;
   // 1024-byte aligned: TMA's 128-byte swizzle is a function of address bits 7-9, so a stage must start on a
@@ -76,10 +79,19 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   // t is tile tile_begin + t), and rows at or past kv_end are zero-filled. Every tile of that range holds a key some
   // warp of the CTA sees: the warps' key ranges (below) overlap or touch, since each spans at least its kWarpM
   // diagonals, and their union is the CTA's.
-  const fc::Range kv = fc::visible_keys(p, m0, min(m0 + kBlockM, seq_len));
-  const int kv_end = kv.end;
-  const int tile_begin = kv.begin < kv.end ? kv.begin / Cfg::kTileN : 0;
-  const int n_tiles = kv.begin < kv.end ? fc::ceil_div(kv.end, Cfg::kTileN) - tile_begin : 0;
+  // Dense (!kWindow): keys at or past kv_end are invisible to every row of the CTA, tile_begin = 0.
+  static_assert(kWindow || !kSoftcap, "the softcap kernels take windows too");
+  int kv_end, tile_begin, n_tiles;
+  if constexpr (kWindow) {
+    const fc::Range kv = fc::visible_keys(p, m0, min(m0 + kBlockM, seq_len));
+    kv_end = kv.end;
+    tile_begin = kv.begin < kv.end ? kv.begin / Cfg::kTileN : 0;
+    n_tiles = kv.begin < kv.end ? fc::ceil_div(kv.end, Cfg::kTileN) - tile_begin : 0;
+  } else {
+    kv_end = p.causal ? max(0, min(seq_len_kv, m0 + kBlockM + offset)) : seq_len_kv;
+    tile_begin = 0;
+    n_tiles = fc::ceil_div(kv_end, Cfg::kTileN);
+  }
   auto load_rows = [&](int row0, int stage) {  // row0: the ring tile's first key, a multiple of kTileN
     unsigned char* k_s = k_stage(stage);
     if constexpr (kTma) {
@@ -92,10 +104,10 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
       }
       return;
     }
-    // The thread's copy terms (row, chunk, swizzle) from an opaque copy of tid, recomputed at each refill: none is
-    // held across the loop (the long D=128 kernel, at 255 registers, spilled one).
+    // kWindow: the thread's copy terms (row, chunk, swizzle) from an opaque copy of tid, recomputed at each refill:
+    // none is held across the loop (the long D=128 kernel, at 255 registers, spilled one).
     int copy_tid = tid;
-    asm volatile("mov.b32 %0, %0;" : "+r"(copy_tid));
+    if constexpr (kWindow) asm volatile("mov.b32 %0, %0;" : "+r"(copy_tid));
     fc::copy_rows_async<Cfg, Cfg::kTileN>(k_s, k, row0, kv_end, copy_tid);
     fc::copy_rows_async<Cfg, Cfg::kTileN>(k_s + Cfg::kKvBytes, v, row0, kv_end, copy_tid);
   };
@@ -146,18 +158,23 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
     }
   }
 
-  // Rows of this warp. The keys any of them see (fc::visible_keys; none for a warp wholly past the sequence end) and
-  // those all of them see (fc::fully_visible_keys: a tile inside needs no mask) are recomputed at each tile from
-  // warp_row0 and the params, through an opaque copy of warp_row0 so that the compiler holds no more registers
+  // Rows of this warp. kWindow: the keys any of them see (fc::visible_keys; none for a warp wholly past the sequence
+  // end) and those all of them see (fc::fully_visible_keys: a tile inside needs no mask) are recomputed at each tile
+  // from warp_row0 and the params, through an opaque copy of warp_row0 so that the compiler holds no more registers
   // across the loop than before (LongD128 spilled 44 bytes with them held): a few integer operations per tile.
+  // Dense: the keys any of them can see end at warp_kv_end, held across the loop.
   const int warp_row0 = m0 + row_warp * kWarpM;
+  const int warp_kv_end = kWindow                ? 0
+                          : warp_row0 >= seq_len ? 0
+                          : p.causal             ? max(0, min(seq_len_kv, warp_row0 + kWarpM + offset))
+                                                 : seq_len_kv;
   auto opaque_row0 = [&] {
     int row0 = warp_row0;
     asm volatile("mov.b32 %0, %0;" : "+r"(row0));
     return row0;
   };
   // The score's units in the softmax: S * scale * log2 e, or (softcap) the capped score in log2 units already.
-  const float scale_log2 = kSoftcap ? 1.f : p.scale * kLog2e;
+  const float scale_log2 = kSoftcap && p.softcap > 0.f ? 1.f : p.scale * kLog2e;
 
   // Per-lane ldmatrix row addresses (tile-relative rows are multiples of 8, so row & 7 = lane & 7):
   // A fragments and V (.trans) take rows lane % 8 + 8 * ((lane / 8) % 2); K takes lane % 8 + 8 * (lane / 16).
@@ -175,9 +192,13 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   auto key0_of = [&](int t) { return (tile_begin + t) * Cfg::kTileN + group * kBlockN; };
   // Whether the warp's rows see any of its keys key0 .. key0 + kBlockN - 1 (the tiles a warp sees are consecutive).
   auto warp_sees = [&](int key0) {
-    const int row0 = opaque_row0();
-    const fc::Range keys = fc::visible_keys(p, row0, min(row0 + kWarpM, seq_len));
-    return row0 < seq_len && key0 < keys.end && key0 + kBlockN > keys.begin;
+    if constexpr (kWindow) {
+      const int row0 = opaque_row0();
+      const fc::Range keys = fc::visible_keys(p, row0, min(row0 + kWarpM, seq_len));
+      return row0 < seq_len && key0 < keys.end && key0 + kBlockN > keys.begin;
+    } else {
+      return key0 < warp_kv_end;
+    }
   };
   auto k_lane_of = [&](int stage) {
     return fc::smem_addr(k_stage(stage)) + (group * kBlockN + k_row) * Cfg::kRowBytes;
@@ -187,19 +208,23 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
   };
   // Only tiles crossing a window edge (the diagonal under causal) or the sequence end carry invisible keys.
   auto mask_edge = [&](Scores& s, int key0) {
-    const int row0 = opaque_row0();
-    const fc::Range full = fc::fully_visible_keys(p, row0, row0 + kWarpM);
-    if (key0 < full.begin || key0 + kBlockN > full.end) {
-      // key j is visible to row i iff -window_left <= j - (i + offset) <= window_right (unbounded sides: INT_MAX)
-      const int window_left = p.window_left < 0 ? INT_MAX : p.window_left;
-      const int window_right = p.window_right < 0 ? INT_MAX : p.window_right;
-      fc::mask_window_scores<Cfg>(s, row0 + offset, key0, seq_len_kv, window_left, window_right, lane);
+    if constexpr (kWindow) {
+      const int row0 = opaque_row0();
+      const fc::Range full = fc::fully_visible_keys(p, row0, row0 + kWarpM);
+      if (key0 < full.begin || key0 + kBlockN > full.end) {
+        // key j is visible to row i iff -window_left <= j - (i + offset) <= window_right (unbounded sides: INT_MAX)
+        const int window_left = p.window_left < 0 ? INT_MAX : p.window_left;
+        const int window_right = p.window_right < 0 ? INT_MAX : p.window_right;
+        fc::mask_window_scores<Cfg>(s, row0 + offset, key0, seq_len_kv, window_left, window_right, lane);
+      }
+    } else if (key0 + kBlockN > seq_len_kv || (p.causal && key0 + kBlockN - 1 > warp_row0 + offset)) {
+      fc::mask_scores<Cfg>(s, warp_row0 + offset, key0, seq_len_kv, p.causal, lane);  // dense: the causal mask
     }
   };
   // Softcap: S becomes c log2 e tanh(S scale / c) as it leaves the mma (the mask then sets -inf over it).
   auto scores = [&](Scores& s, uint32_t k_lane) {
     fc::warp_scores<Cfg, T>(s, q_frag, q_lane, k_lane, lane);
-    if constexpr (kSoftcap) {
+    if (kSoftcap && p.softcap > 0.f) {
       float cap_in, cap_out;  // scale / c and c log2 e, recomputed here (volatile: not held across the loop)
       asm volatile("div.approx.f32 %0, %1, %2;" : "=f"(cap_in) : "f"(p.scale), "f"(p.softcap));
       asm volatile("mul.f32 %0, %1, %2;" : "=f"(cap_out) : "f"(p.softcap), "f"(kLog2e));
@@ -258,7 +283,9 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
         }
       }
       if (!visible(t)) {  // not break: later iterations may still hold a barrier
-        if (visible(t + 1)) {  // the warp's first tile (a window's left edge): its S, as before the loop
+        // kWindow: the warp's first tile (a window's left edge): its S, as before the loop. (Dense: a warp's
+        // visible tiles start at tile 0.)
+        if (kWindow && visible(t + 1)) {
           wait_tile(t + 1);
           scores(s, k_lane_of((t + 1) % kStages));
         }
@@ -278,6 +305,31 @@ __device__ __forceinline__ void v11_forward(FlashcoreParams p, const CUtensorMap
       } else {
         softmax_pv(s, t % kStages);
       }
+    }
+  } else if constexpr (!kWindow) {
+    // Dense: tiles 0 .. n_tiles - 1, as before the family.
+    int compute_stage = 0;
+    int load_stage = kStages - 1;
+    for (int t = 0; t < n_tiles; ++t) {
+      fc::cp_async_wait<kStages - 2>();  // this thread's copies of tile t have landed
+      __syncthreads();                   // everyone's have, and every warp is done with tile t - 1's stage
+      if (t + kStages - 1 < n_tiles) load_tile(t + kStages - 1, load_stage);
+      fc::cp_async_commit();  // an empty group at the tail keeps the wait count uniform
+      load_stage = load_stage + 1 == kStages ? 0 : load_stage + 1;
+
+      if constexpr (Cfg::kQInRegs && !Cfg::kQFromGlobal) {
+        if (t == 0) fc::load_q_fragments<Cfg>(q_frag, q_lane, lane);
+      }
+
+      const int key0 = key0_of(t);
+      if (warp_sees(key0)) {
+        // S = Q_i K_j^T
+        Scores s;
+        scores(s, k_lane_of(compute_stage));
+        mask_edge(s, key0);
+        softmax_pv(s, compute_stage);
+      }
+      compute_stage = compute_stage + 1 == kStages ? 0 : compute_stage + 1;
     }
   } else {
     int compute_stage = 0;

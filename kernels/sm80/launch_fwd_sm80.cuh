@@ -47,17 +47,18 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
                                                                                                     &tmap_v);
 }
 
-// The softcap twins of the four kernels above (v11_forward's kSoftcap: scores capped as they leave the mma), so that the
-// dense kernels keep their code and their names.
+// The family twins of the four kernels above (v11_forward's kSoftcap and kWindow): every call with a window (other
+// than causal's (-1, 0)) or a softcap runs on them (but D=128's long windowed calls without softcap: v11_fwd_window,
+// below), so that the dense kernels keep their pre-family loop and their names.
 template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
 __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
-                                  kMinBlocks) v11_fwd_softcap(FlashcoreParams p) {
+                                  kMinBlocks) v11_fwd_family(FlashcoreParams p) {
   v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, false, __half, true>(p, nullptr, nullptr);
 }
 
 template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
 __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
-                                  kMinBlocks) v11_fwd_softcap_bf16(FlashcoreParams p) {
+                                  kMinBlocks) v11_fwd_family_bf16(FlashcoreParams p) {
   v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, false, __nv_bfloat16, true>(p, nullptr,
                                                                                                            nullptr);
 }
@@ -65,18 +66,34 @@ __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, 
 template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
 __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
                                   kMinBlocks)
-    v11_fwd_tma_softcap(FlashcoreParams p, const __grid_constant__ CUtensorMap tmap_k,
-                        const __grid_constant__ CUtensorMap tmap_v) {
+    v11_fwd_tma_family(FlashcoreParams p, const __grid_constant__ CUtensorMap tmap_k,
+                       const __grid_constant__ CUtensorMap tmap_v) {
   v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, true, __half, true>(p, &tmap_k, &tmap_v);
 }
 
 template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
 __global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
                                   kMinBlocks)
-    v11_fwd_tma_softcap_bf16(FlashcoreParams p, const __grid_constant__ CUtensorMap tmap_k,
-                             const __grid_constant__ CUtensorMap tmap_v) {
+    v11_fwd_tma_family_bf16(FlashcoreParams p, const __grid_constant__ CUtensorMap tmap_k,
+                            const __grid_constant__ CUtensorMap tmap_v) {
   v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, true, __nv_bfloat16, true>(
       p, &tmap_k, &tmap_v);
+}
+
+// The window kernels (v11_forward's kWindow without kSoftcap): D=128's long windowed calls without a softcap, on
+// LongD128's 48-key tiles (the family kernel's 32-key tiles, which the softcap needs, would cost them ~7%).
+template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
+__global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
+                                  kMinBlocks) v11_fwd_window(FlashcoreParams p) {
+  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, false, __half, false, true>(p, nullptr,
+                                                                                                         nullptr);
+}
+
+template <int kHeadDim, int kBlockM, int kBlockN, int kWarpM, int kStages, int kSplit, int kMinBlocks>
+__global__ void __launch_bounds__(V11Config<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks>::kThreads,
+                                  kMinBlocks) v11_fwd_window_bf16(FlashcoreParams p) {
+  v11_forward<kHeadDim, kBlockM, kBlockN, kWarpM, kStages, kSplit, kMinBlocks, false, __nv_bfloat16, false, true>(
+      p, nullptr, nullptr);
 }
 
 // The configuration heuristic, in one place. Split the keys inside the CTA only when the long
@@ -98,38 +115,50 @@ static Regime pick_regime(int batch_heads, int seq_len, int long_block_m, int nu
   FC_PLAN_NAME(kernel, Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit, \
                Cfg::kMinBlocks)
 
-template <class Cfg, class T, bool kSoftcap>
+template <class Cfg, class T, bool kFamily>
 static const char* kernel_name() {
-  if constexpr (kSoftcap && std::is_same_v<T, __nv_bfloat16>) return V11_PLAN_NAME(v11_fwd_softcap_bf16, Cfg);
-  else if constexpr (kSoftcap) return V11_PLAN_NAME(v11_fwd_softcap, Cfg);
+  if constexpr (kFamily && std::is_same_v<T, __nv_bfloat16>) return V11_PLAN_NAME(v11_fwd_family_bf16, Cfg);
+  else if constexpr (kFamily) return V11_PLAN_NAME(v11_fwd_family, Cfg);
   else if constexpr (std::is_same_v<T, __nv_bfloat16>) return V11_PLAN_NAME(v11_fwd_bf16, Cfg);
   else return V11_PLAN_NAME(v11_fwd, Cfg);
 }
 
-template <class Cfg, class T, bool kSoftcap>
+template <class Cfg, class T, bool kFamily>
 static const char* tma_kernel_name() {
-  if constexpr (kSoftcap && std::is_same_v<T, __nv_bfloat16>) return V11_PLAN_NAME(v11_fwd_tma_softcap_bf16, Cfg);
-  else if constexpr (kSoftcap) return V11_PLAN_NAME(v11_fwd_tma_softcap, Cfg);
+  if constexpr (kFamily && std::is_same_v<T, __nv_bfloat16>) return V11_PLAN_NAME(v11_fwd_tma_family_bf16, Cfg);
+  else if constexpr (kFamily) return V11_PLAN_NAME(v11_fwd_tma_family, Cfg);
   else if constexpr (std::is_same_v<T, __nv_bfloat16>) return V11_PLAN_NAME(v11_fwd_tma_bf16, Cfg);
   else return V11_PLAN_NAME(v11_fwd_tma, Cfg);
 }
 
+template <class Cfg, class T>
+static const char* window_kernel_name() {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return V11_PLAN_NAME(v11_fwd_window_bf16, Cfg);
+  else return V11_PLAN_NAME(v11_fwd_window, Cfg);
+}
+
 #define V11_CFG_ARGS(Cfg) Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kWarpM, Cfg::kStages, Cfg::kSplit, Cfg::kMinBlocks
 
-template <class Cfg, class T, bool kSoftcap>
+template <class Cfg, class T, bool kFamily>
 static constexpr auto kernel_of() {
-  if constexpr (kSoftcap && std::is_same_v<T, __nv_bfloat16>) return v11_fwd_softcap_bf16<V11_CFG_ARGS(Cfg)>;
-  else if constexpr (kSoftcap) return v11_fwd_softcap<V11_CFG_ARGS(Cfg)>;
+  if constexpr (kFamily && std::is_same_v<T, __nv_bfloat16>) return v11_fwd_family_bf16<V11_CFG_ARGS(Cfg)>;
+  else if constexpr (kFamily) return v11_fwd_family<V11_CFG_ARGS(Cfg)>;
   else if constexpr (std::is_same_v<T, __nv_bfloat16>) return v11_fwd_bf16<V11_CFG_ARGS(Cfg)>;
   else return v11_fwd<V11_CFG_ARGS(Cfg)>;
 }
 
-template <class Cfg, class T, bool kSoftcap>
+template <class Cfg, class T, bool kFamily>
 static constexpr auto tma_kernel_of() {
-  if constexpr (kSoftcap && std::is_same_v<T, __nv_bfloat16>) return v11_fwd_tma_softcap_bf16<V11_CFG_ARGS(Cfg)>;
-  else if constexpr (kSoftcap) return v11_fwd_tma_softcap<V11_CFG_ARGS(Cfg)>;
+  if constexpr (kFamily && std::is_same_v<T, __nv_bfloat16>) return v11_fwd_tma_family_bf16<V11_CFG_ARGS(Cfg)>;
+  else if constexpr (kFamily) return v11_fwd_tma_family<V11_CFG_ARGS(Cfg)>;
   else if constexpr (std::is_same_v<T, __nv_bfloat16>) return v11_fwd_tma_bf16<V11_CFG_ARGS(Cfg)>;
   else return v11_fwd_tma<V11_CFG_ARGS(Cfg)>;
+}
+
+template <class Cfg, class T>
+static constexpr auto window_kernel_of() {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return v11_fwd_window_bf16<V11_CFG_ARGS(Cfg)>;
+  else return v11_fwd_window<V11_CFG_ARGS(Cfg)>;
 }
 
 // Raising a kernel's shared-memory limit is a driver call of about a microsecond: at 1,8,512,64 that would be
@@ -149,9 +178,16 @@ static const char* query_grid(const FlashcoreParams& p, dim3* grid) {
   return nullptr;
 }
 
-template <class Cfg, class T, bool kSoftcap>
+// The cp.async kernel a launch takes: the window kernel (kWindowOnly), else the dense or family one.
+template <class Cfg, class T, bool kFamily, bool kWindowOnly>
+static constexpr auto launch_kernel_of() {
+  if constexpr (kWindowOnly) return window_kernel_of<Cfg, T>();
+  else return kernel_of<Cfg, T, kFamily>();
+}
+
+template <class Cfg, class T, bool kFamily, bool kWindowOnly = false>
 static const char* launch(const FlashcoreParams& p, cudaStream_t stream) {
-  constexpr auto kernel = kernel_of<Cfg, T, kSoftcap>();
+  constexpr auto kernel = launch_kernel_of<Cfg, T, kFamily, kWindowOnly>();
   if (const char* err = allow_smem_once<kernel, Cfg::kSmemBytes>()) return err;
   dim3 grid;
   if (const char* err = query_grid<Cfg>(p, &grid)) return err;
@@ -178,10 +214,10 @@ static bool encode_rows_map(CUtensorMap* map, const void* base, const FlashcoreP
 
 // The TMA kernel's launch. *launched stays false when the maps could not be made (no error then: the caller
 // takes the cp.async kernel).
-template <class Cfg, class T, bool kSoftcap>
+template <class Cfg, class T, bool kFamily>
 static const char* launch_tma(const FlashcoreParams& p, cudaStream_t stream, bool* launched) {
   *launched = false;
-  constexpr auto kernel = tma_kernel_of<Cfg, T, kSoftcap>();
+  constexpr auto kernel = tma_kernel_of<Cfg, T, kFamily>();
   constexpr int smem = tma_smem_bytes<Cfg>();
   if (const char* err = allow_smem_once<kernel, smem>()) return err;
   dim3 grid;
@@ -225,37 +261,52 @@ inline char* v11_note_buffer() {
   return text;
 }
 
-template <class Cfg, class CfgTma, class T, bool kSoftcap>
+template <class Cfg, class CfgTma, class T, bool kFamily>
 static const char* launch_prefer_tma(const FlashcoreParams& p, cudaStream_t stream) {
   if constexpr (fc::kBuildsSm90 && !std::is_void_v<CfgTma>) {
     const char* why = "this driver does not export cuTensorMapEncodeTiled";
     if (fc::tensor_map_encoder() != nullptr) {
       bool launched = false;
-      const char* err = launch_tma<CfgTma, T, kSoftcap>(p, stream, &launched);
+      const char* err = launch_tma<CfgTma, T, kFamily>(p, stream, &launched);
       if (launched || err != nullptr) return err;
       why = "the driver could not make the K/V tensor maps";
     }
-    snprintf(v11_note_buffer(), 192, "%s ran in place of %s: %s", kernel_name<Cfg, T, kSoftcap>(),
-             tma_kernel_name<CfgTma, T, kSoftcap>(), why);
+    snprintf(v11_note_buffer(), 192, "%s ran in place of %s: %s", kernel_name<Cfg, T, kFamily>(),
+             tma_kernel_name<CfgTma, T, kFamily>(), why);
     v11_forward_note() = v11_note_buffer();
   }
-  return launch<Cfg, T, kSoftcap>(p, stream);
+  return launch<Cfg, T, kFamily>(p, stream);
 }
 
-template <class Long, class LongTma, class Short, class ShortTma, class T, bool kSoftcap>
+template <class Long, class LongTma, class Short, class ShortTma, class T, bool kFamily>
 static const char* forward_regime(const FlashcoreParams& p, cudaStream_t stream) {
   if (pick_regime(p.batch * p.heads, p.seq_len, Long::kBlockM, fc::sm_count()) == Regime::kShort) {
-    return launch_prefer_tma<Short, ShortTma, T, kSoftcap>(p, stream);
+    return launch_prefer_tma<Short, ShortTma, T, kFamily>(p, stream);
   }
-  return launch_prefer_tma<Long, LongTma, T, kSoftcap>(p, stream);
+  return launch_prefer_tma<Long, LongTma, T, kFamily>(p, stream);
 }
 
-// The softcap kernels where p.softcap > 0 (the long one's tiles LongSoftcap, of Long's rows), else the dense ones.
-template <class Long, class LongTma, class Short, class ShortTma, class T, class LongSoftcap = Long>
+// Whether a call needs the family kernels: a softcap, or a window other than none (-1, -1) and causal (-1, 0). The
+// dense kernels take the rest (sinks too: only the row's end).
+static bool needs_family(const FlashcoreParams& p) {
+  return p.softcap > 0.f || p.window_left >= 0 || p.window_right > 0;
+}
+
+// The family kernels where needs_family (the long one's tiles LongFamily, of Long's rows), else the dense ones. Where
+// LongWindow is given (D=128, no TMA kernel), a long call with a window and no softcap takes its window kernel.
+template <class Long, class LongTma, class Short, class ShortTma, class T, class LongFamily = Long,
+          class LongWindow = void>
 static const char* forward(const FlashcoreParams& p, cudaStream_t stream) {
-  static_assert(LongSoftcap::kBlockM == Long::kBlockM, "one regime choice for both");
-  return p.softcap > 0.f ? forward_regime<LongSoftcap, LongTma, Short, ShortTma, T, true>(p, stream)
-                         : forward_regime<Long, LongTma, Short, ShortTma, T, false>(p, stream);
+  static_assert(LongFamily::kBlockM == Long::kBlockM, "one regime choice for both");
+  if (!needs_family(p)) return forward_regime<Long, LongTma, Short, ShortTma, T, false>(p, stream);
+  if constexpr (!std::is_void_v<LongWindow>) {
+    static_assert(std::is_void_v<LongTma> && LongWindow::kBlockM == Long::kBlockM, "the long regime's kernel");
+    if (!(p.softcap > 0.f) &&
+        pick_regime(p.batch * p.heads, p.seq_len, Long::kBlockM, fc::sm_count()) == Regime::kLong) {
+      return launch<LongWindow, T, false, true>(p, stream);
+    }
+  }
+  return forward_regime<LongFamily, LongTma, Short, ShortTma, T, true>(p, stream);
 }
 
 // D=128: instantiated for fp16 and bf16 in sm80/v11_d128.cu only.
@@ -273,17 +324,22 @@ static const char* forward_dtype(const FlashcoreParams& p, cudaStream_t stream) 
   }
 }
 
-template <class Cfg, class T, bool kSoftcap = false>
+template <class Cfg, class T, bool kFamily = false>
 static FlashcoreKernelPlan plan_of() {
-  return {kernel_name<Cfg, T, kSoftcap>(), Cfg::kThreads, Cfg::kSmemBytes};
+  return {kernel_name<Cfg, T, kFamily>(), Cfg::kThreads, Cfg::kSmemBytes};
 }
 
-template <class Cfg, class T, bool kSoftcap = false>
+template <class Cfg, class T>
+static FlashcoreKernelPlan window_plan_of() {
+  return {window_kernel_name<Cfg, T>(), Cfg::kThreads, Cfg::kSmemBytes};
+}
+
+template <class Cfg, class T, bool kFamily = false>
 static FlashcoreKernelPlan tma_plan_of() {
-  return {tma_kernel_name<Cfg, T, kSoftcap>(), Cfg::kThreads, tma_smem_bytes<Cfg>()};
+  return {tma_kernel_name<Cfg, T, kFamily>(), Cfg::kThreads, tma_smem_bytes<Cfg>()};
 }
 
-// The dense kernels, then their softcap twins.
+// The dense kernels, then their family twins.
 template <class T>
 static int plan_dtype(int head_dim, FlashcoreKernelPlan* all) {
   int count = 0;

@@ -20,10 +20,13 @@
 // ---- main: one CTA per (key block, batch * K/V head) ----
 // The attention family (flashcore.h): the CTA walks only the query blocks fc::visible_rows gives its keys (none: dK =
 // dV = 0), and only a warp's slices outside the window's full band (causal: crossing the diagonal) are masked.
-// kSoftcap (v11_bwd_softcap): t = tanh(S scale / c) is recomputed from S, P = exp(c t - LSE) and dS = P o (dP - D)
-// o (1 - t^2), the gradient at the uncapped scaled score, so dK, dQ take their usual scale; masked pairs get P = dS = 0
-// after the fact (a masked tanh is finite). Sinks: nothing here (the forward's LSE holds them; dL/dsinks is the prep's).
-template <class Cfg, class T, bool kSoftcap>
+// kWindow (v11_bwd_window, and v11_bwd_softcap) takes every call with a window other than none and causal; the dense
+// kernel (v11_bwd) only dense and causal calls, with the pre-family loop: the query-block range held across it, the
+// causal mask. kSoftcap (v11_bwd_softcap, windows too): t = tanh(S scale / c) is recomputed from S, P = exp(c t - LSE)
+// and dS = P o (dP - D) o (1 - t^2), the gradient at the uncapped scaled score, so dK, dQ take their usual scale;
+// masked pairs get P = dS = 0 after the fact (a masked tanh is finite). Sinks: nothing here (the forward's LSE holds
+// them; dL/dsinks is the prep's).
+template <class Cfg, class T, bool kWindow, bool kSoftcap>
 __device__ __forceinline__ void v11_backward(const FlashcoreBackwardParams& b, const Workspace& w,
                                              const CUtensorMap& dq_map) {
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -48,20 +51,27 @@ __device__ __forceinline__ void v11_backward(const FlashcoreBackwardParams& b, c
   auto stats = [&](int s) { return reinterpret_cast<float*>(smem + Cfg::kStatsOffset) + s * 2 * kBlockM; };
 
   // Query blocks that hold a row that sees any of keys n0.. (fc::visible_rows; causal: from the first row i with
-  // i + offset >= n0): m_first .. m_first + m_blocks - 1, for each query head of the group. A step's (head, block) is
-  // recomputed from the grid index where it is used (volatile: never held across the loop; the 255-register
-  // configurations spill with it held).
+  // i + offset >= n0): first .. first + count - 1, for each query head of the group. kWindow: a step's (head, block)
+  // is recomputed from the grid index where it is used (volatile: never held across the loop; the 255-register
+  // configurations spill with it held). Dense: causal or none, the range held (as before the family).
   struct Blocks {
     int first, count;
   };
+  const int m_first = kWindow ? 0 : p.causal ? max(0, n0 - offset) / kBlockM : 0;
+  const int m_blocks = kWindow ? 0 : fc::ceil_div(seq_len, kBlockM) - m_first;
   auto query_blocks = [&]() {
-    int cta;
-    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
-    const fc::Range rows = fc::visible_rows(p, cta * kBlockN, min(cta * kBlockN + kBlockN, p.seq_len_kv));
-    const int first = rows.begin / kBlockM;
-    return Blocks{first, rows.begin < rows.end ? fc::ceil_div(rows.end, kBlockM) - first : 0};
+    if constexpr (kWindow) {
+      int cta;
+      asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+      const fc::Range rows = fc::visible_rows(p, cta * kBlockN, min(cta * kBlockN + kBlockN, p.seq_len_kv));
+      const int first = rows.begin / kBlockM;
+      return Blocks{first, rows.begin < rows.end ? fc::ceil_div(rows.end, kBlockM) - first : 0};
+    } else {
+      return Blocks{m_first, m_blocks};
+    }
   };
-  const int steps = query_blocks().count * group;  // every query head of the group, every block
+  // every query head of the group, every block
+  const int steps = kWindow ? query_blocks().count * group : m_blocks > 0 ? m_blocks * group : 0;
   auto step_head = [&](int step) { return bh0 + step / query_blocks().count; };
   auto step_row0 = [&](int step) {
     const Blocks blocks = query_blocks();
@@ -152,24 +162,33 @@ __device__ __forceinline__ void v11_backward(const FlashcoreBackwardParams& b, c
         fc::scores_t<Cfg, T>(st, k_lane, fc::smem_addr(q_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
         fc::scores_t<Cfg, T>(dpt, v_lane, fc::smem_addr(do_stage(s)) + (a_row + q0) * Cfg::kRowBytes, lane);
       }
-      // A slice needs a mask where some key of the warp lies past the window's right edge of the slice's first query
-      // or before its left edge of the slice's last (keys past S_kv are zero rows of K and V: they add nothing).
-      const int window_left = p.window_left < 0 ? INT_MAX : p.window_left;
-      const int window_right = p.window_right < 0 ? INT_MAX : p.window_right;
-      const int diag0 = m0 + q0 + offset;
-      const bool cut = key0 + Cfg::kWarpKeys - 1 - diag0 > window_right || key0 - (diag0 + Cfg::kSliceM - 1) < -window_left;
-      auto mask = [&](auto zero) {  // key j is visible to query i iff -window_left <= j - (i + offset) <= window_right
-        fc::mask_window_t<Cfg, decltype(zero)::value>(st, dpt, key0, diag0, window_left, window_right, lane);
-      };
-      if constexpr (kSoftcap) {
-        // P^T = exp(c tanh(S^T scale / c) - LSE), dS^T = P^T o (dP^T - D) o (1 - tanh^2); then the mask zeroes both
-        float cap_in, cap_out;  // scale / c and c log2 e, recomputed here (volatile: not held across the loop)
-        asm volatile("div.approx.f32 %0, %1, %2;" : "=f"(cap_in) : "f"(p.scale), "f"(p.softcap));
-        asm volatile("mul.f32 %0, %1, %2;" : "=f"(cap_out) : "f"(p.softcap), "f"(kBwdLog2e));
-        fc::probabilities_and_ds_softcap_t<Cfg>(st, dpt, stats(s) + q0, stats(s) + kBlockM + q0, cap_in, cap_out, lane);
-        if (cut) mask(std::true_type{});
+      static_assert(kWindow || !kSoftcap, "the softcap kernel takes windows too");
+      if constexpr (kWindow) {
+        // A slice needs a mask where some key of the warp lies past the window's right edge of the slice's first query
+        // or before its left edge of the slice's last (keys past S_kv are zero rows of K and V: they add nothing).
+        const int window_left = p.window_left < 0 ? INT_MAX : p.window_left;
+        const int window_right = p.window_right < 0 ? INT_MAX : p.window_right;
+        const int diag0 = m0 + q0 + offset;
+        const bool cut = key0 + Cfg::kWarpKeys - 1 - diag0 > window_right || key0 - (diag0 + Cfg::kSliceM - 1) < -window_left;
+        auto mask = [&](auto zero) {  // key j is visible to query i iff -window_left <= j - (i + offset) <= window_right
+          fc::mask_window_t<Cfg, decltype(zero)::value>(st, dpt, key0, diag0, window_left, window_right, lane);
+        };
+        if constexpr (kSoftcap) {
+          // P^T = exp(c tanh(S^T scale / c) - LSE), dS^T = P^T o (dP^T - D) o (1 - tanh^2); then the mask zeroes both
+          float cap_in, cap_out;  // scale / c and c log2 e, recomputed here (volatile: not held across the loop)
+          asm volatile("div.approx.f32 %0, %1, %2;" : "=f"(cap_in) : "f"(p.scale), "f"(p.softcap));
+          asm volatile("mul.f32 %0, %1, %2;" : "=f"(cap_out) : "f"(p.softcap), "f"(kBwdLog2e));
+          fc::probabilities_and_ds_softcap_t<Cfg>(st, dpt, stats(s) + q0, stats(s) + kBlockM + q0, cap_in, cap_out, lane);
+          if (cut) mask(std::true_type{});
+        } else {
+          if (cut) mask(std::false_type{});
+          // P^T = exp(S^T * scale - LSE), dS^T = P^T o (dP^T - D)
+          fc::probabilities_and_ds_t<Cfg>(st, dpt, stats(s) + q0, stats(s) + kBlockM + q0, scale_log2, lane);
+        }
       } else {
-        if (cut) mask(std::false_type{});
+        if (p.causal && key0 + Cfg::kWarpKeys - 1 > m0 + q0 + offset) {
+          fc::mask_causal_t<Cfg>(st, key0, m0 + q0, offset, lane);
+        }
         // P^T = exp(S^T * scale - LSE), dS^T = P^T o (dP^T - D)
         fc::probabilities_and_ds_t<Cfg>(st, dpt, stats(s) + q0, stats(s) + kBlockM + q0, scale_log2, lane);
       }
@@ -226,12 +245,20 @@ __device__ __forceinline__ void v11_backward(const FlashcoreBackwardParams& b, c
 template <class Cfg, class T>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     v11_bwd(FlashcoreBackwardParams b, Workspace w, const __grid_constant__ CUtensorMap dq_map) {
-  v11_backward<Cfg, T, false>(b, w, dq_map);
+  v11_backward<Cfg, T, false, false>(b, w, dq_map);
 }
 
-// The softcap twin (p.softcap > 0), so that the dense kernel keeps its code and its name.
+// The window twin (a window other than none (-1, -1) and causal (-1, 0), no softcap), so that the dense kernel keeps
+// its pre-family loop and its name.
+template <class Cfg, class T>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    v11_bwd_window(FlashcoreBackwardParams b, Workspace w, const __grid_constant__ CUtensorMap dq_map) {
+  v11_backward<Cfg, T, true, false>(b, w, dq_map);
+}
+
+// The softcap twin (p.softcap > 0, any window).
 template <class Cfg, class T>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     v11_bwd_softcap(FlashcoreBackwardParams b, Workspace w, const __grid_constant__ CUtensorMap dq_map) {
-  v11_backward<Cfg, T, true>(b, w, dq_map);
+  v11_backward<Cfg, T, true, true>(b, w, dq_map);
 }

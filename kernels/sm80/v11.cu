@@ -33,12 +33,16 @@
 // time: a CTA walks only the key tiles fc::visible_keys gives its rows (a warp computes only those its own rows
 // see; the tile range per CTA costs nothing in the loop), and only tiles outside the keys every row of a warp sees
 // (fc::fully_visible_keys: the window's edges, the diagonal, the sequence end) build per-element masks; a row that
-// sees no key writes O = 0 and LSE = +inf (or its sink). Softcap: separate kernels (v11_fwd*_softcap, a template
-// bool), so the dense ones keep their code and names: each score becomes c log2 e tanh(S scale / c) (tanh.approx)
-// as it leaves the mma, before the mask, and the softmax and LSE run on it. Sinks: only at a row's end (or the
-// split merge's), fc::finish_row_log2 folds exp(sink - m) into l and the LSE, where p.sinks is given. The backward
-// (sm80/v11_bwd.cu) walks each key block's fc::visible_rows, masks only cut slices, and recomputes tanh for the
-// softcap's dS; sinks need nothing there (the LSE holds them; dL/dsinks is common/bwd_passes.cuh's prep).
+// sees no key writes O = 0 and LSE = +inf (or its sink). Softcap: each score becomes c log2 e tanh(S scale / c)
+// (tanh.approx) as it leaves the mma, before the mask, and the softmax and LSE run on it. Windows and softcap run on
+// the family kernels (v11_fwd*_family, template bools; softcap a uniform branch per tile there; D=128's long windowed
+// calls without softcap on v11_fwd_window*, LongD128's tiles); the dense kernels (v11_fwd*, dense and causal calls)
+// keep the loop they had before the family: the window's per-tile range and mask work cost them 6-9% at
+// 2,16,4096,128 (LongD128 at 255 registers). Sinks: only at a row's end (or the split merge's), in every kernel:
+// fc::finish_row_log2 folds exp(sink - m) into l and the LSE, where p.sinks is given. The backward (sm80/v11_bwd.cu)
+// walks each key block's fc::visible_rows, masks only cut slices (v11_bwd_window), and recomputes tanh for the
+// softcap's dS (v11_bwd_softcap); v11_bwd is the pre-family loop; sinks need nothing there (the LSE holds them;
+// dL/dsinks is common/bwd_passes.cuh's prep).
 //
 // Configuration (V11Config<D, BLOCK_M, BLOCK_N, WARP_M, STAGES, SPLIT, MIN_BLOCKS>; tune space: variants.yaml):
 //   slot         used when                          D  BLOCK_M BLOCK_N WARP_M STAGES SPLIT MIN warps  smem
@@ -48,7 +52,7 @@
 //   ShortD128                                      128     32     16     16      2     4    1    8   69 KB
 //   ShortTmaD64  short, D=64, sm_90+ build          64     32     64     16      3     2    1    4   96 KB
 //   LongTmaD64   long, D=64, sm_90+ build           64    128     64     32      2     1    2    4   48 KB
-//   LongSoftcapD128  long, D=128, softcap          128    128     32     32      2     1    2    4   64 KB
+//   LongFamilyD128  long, D=128, softcap       128    128     32     32      2     1    2    4   64 KB
 // Why: 32-row warps read each K/V fragment once for two m16 tiles (16-row warps: ldmatrix caps the mma near
 // 470 TFLOP/s on an H100); registers set the rest (D=128: 48-key tiles, 777 us at 2,16,4096,128 vs 832 for 32).
 // Short: 4 groups x 32 keys 9.5 us at 1,8,512,64 vs 8 x 16 10.6, 2 x 64 9.8 (`flashcore tune`, 20 configurations).

@@ -14,10 +14,12 @@
 //   dq     dQ = accumulator * scale, rounded to the element type.
 // Causal (bottom-right): a key block starts at the first query block that sees it; only blocks that cross
 // the diagonal are masked. Sliding windows (flashcore.h) the same way: a key block walks the query blocks
-// fc::visible_rows gives it (none: its dK = dV = 0), and a warp masks a slice only where the window cuts it.
-// Softcap: v11_bwd_softcap (a template bool) recomputes t = tanh(S scale / c), P = exp(c t - LSE) and
-// dS = P o (dP - D) o (1 - t^2). Sinks: nothing here (the forward's LSE includes them; dL/dsinks is the prep's). dK and dV are deterministic (one CTA owns each key row); dQ is not bitwise
-// deterministic (the order of the fp32 additions from different key blocks varies from run to run).
+// fc::visible_rows gives it (none: its dK = dV = 0), and a warp masks a slice only where the window cuts it; those
+// calls run on v11_bwd_window, softcap's (any window) on v11_bwd_softcap, the dense and causal ones on v11_bwd, whose
+// loop is the one before the family (template bools). Softcap recomputes t = tanh(S scale / c), P = exp(c t - LSE)
+// and dS = P o (dP - D) o (1 - t^2). Sinks: nothing here (the forward's LSE includes them; dL/dsinks is the prep's).
+// dK and dV are deterministic (one CTA owns each key row); dQ is not bitwise deterministic (the order of the fp32
+// additions from different key blocks varies from run to run).
 //
 // Change from the rungs below: the first backward of the ladder. v11's forward (sm80/v11.cu) writes the LSE.
 // Parts: sm80/v11_bwd_traits.cuh (configurations), common/bwd_passes.cuh (workspace, prep and dq),
@@ -77,14 +79,22 @@ const char* allow_smem_once() {
   return ready ? nullptr : fc::allow_dynamic_smem(kKernel, kBytes);
 }
 
-template <class Cfg, class T, bool kSoftcap>
+// The main kernel of each kind: 0 dense and causal (v11_bwd), 1 windows (v11_bwd_window), 2 softcap (v11_bwd_softcap).
+template <class Cfg, class T, int kKind>
+static constexpr auto main_kernel() {
+  if constexpr (kKind == 2) return v11_bwd_softcap<Cfg, T>;
+  else if constexpr (kKind == 1) return v11_bwd_window<Cfg, T>;
+  else return v11_bwd<Cfg, T>;
+}
+
+template <class Cfg, class T, int kKind>
 const char* backward(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   const FlashcoreParams& p = b.fwd;
   const Workspace w = carve(b);
   const long long heads = static_cast<long long>(p.batch) * p.heads;
   if (const char* err = launch_bwd_prep<Cfg::kHeadDim, T>(b, w, stream)) return err;
 
-  constexpr auto kernel = kSoftcap ? v11_bwd_softcap<Cfg, T> : v11_bwd<Cfg, T>;
+  constexpr auto kernel = main_kernel<Cfg, T, kKind>();
   if (const char* err = allow_smem_once<kernel, Cfg::kSmemBytes>()) return err;
   const dim3 grid(fc::ceil_div(p.seq_len_kv, Cfg::kBlockN), p.batch * p.heads_kv);
   if (grid.y > 65535) return fc::message("v11 backward: grid y of %u exceeds the limit (65535)", grid.y);
@@ -112,46 +122,52 @@ bool short_grid(const FlashcoreParams& p) {
   return static_cast<long long>(fc::ceil_div(p.seq_len_kv, Long::kBlockN)) * p.batch * p.heads_kv < fc::sm_count();
 }
 
-template <class T, bool kSoftcap>
-const char* backward_cap(const FlashcoreBackwardParams& b, cudaStream_t stream) {
+template <class T, int kKind>
+const char* backward_kind(const FlashcoreBackwardParams& b, cudaStream_t stream) {
   switch (b.fwd.head_dim) {
     case 64:
-      return short_grid<BwdD64>(b.fwd) ? backward<BwdShortD64, T, kSoftcap>(b, stream)
-                                       : backward<BwdD64, T, kSoftcap>(b, stream);
+      return short_grid<BwdD64>(b.fwd) ? backward<BwdShortD64, T, kKind>(b, stream)
+                                       : backward<BwdD64, T, kKind>(b, stream);
     case 128:
-      return short_grid<BwdD128>(b.fwd) ? backward<BwdShortD128, T, kSoftcap>(b, stream)
-                                        : backward<BwdD128, T, kSoftcap>(b, stream);
+      return short_grid<BwdD128>(b.fwd) ? backward<BwdShortD128, T, kKind>(b, stream)
+                                        : backward<BwdD128, T, kKind>(b, stream);
     default: return fc::unsupported_head_dim(b.fwd.head_dim);
   }
 }
 
-// The softcap kernels (v11_bwd_softcap) where p.softcap > 0.
+// The softcap kernels (v11_bwd_softcap, any window) where p.softcap > 0; else the window kernels (v11_bwd_window) for a
+// window other than none (-1, -1) and causal (-1, 0); the dense ones (v11_bwd) take the rest.
 template <class T>
 const char* backward_dtype(const FlashcoreBackwardParams& b, cudaStream_t stream) {
-  return b.fwd.softcap > 0.f ? backward_cap<T, true>(b, stream) : backward_cap<T, false>(b, stream);
+  const FlashcoreParams& p = b.fwd;
+  if (p.softcap > 0.f) return backward_kind<T, 2>(b, stream);
+  if (p.window_left >= 0 || p.window_right > 0) return backward_kind<T, 1>(b, stream);
+  return backward_kind<T, 0>(b, stream);
 }
 
 // The kernels' names as c++filt prints them (the plan's entries), e.g.
 // "v11_bwd<V11BwdConfig<64, 128, 64, true, 16>, __half>" (the defaulted keys per warp is part of the name).
 
-template <class Cfg, class T, bool kSoftcap>
+template <class Cfg, class T, int kKind>
 FlashcoreKernelPlan main_plan() {
   const char* config =
       FC_PLAN_NAME(V11BwdConfig, Cfg::kHeadDim, Cfg::kBlockN, Cfg::kBlockM, Cfg::kKvInRegs, Cfg::kWarpKeys);
-  const char* name = kSoftcap ? FC_PLAN_NAME(v11_bwd_softcap, config, fc::type_name<T>())
-                              : FC_PLAN_NAME(v11_bwd, config, fc::type_name<T>());
+  const char* name = kKind == 2   ? FC_PLAN_NAME(v11_bwd_softcap, config, fc::type_name<T>())
+                     : kKind == 1 ? FC_PLAN_NAME(v11_bwd_window, config, fc::type_name<T>())
+                                  : FC_PLAN_NAME(v11_bwd, config, fc::type_name<T>());
   return {name, Cfg::kThreads, Cfg::kSmemBytes};
 }
 
 // One dtype's kernels at a head dim: the prep pass, each main configuration, the dq pass, then each main
-// configuration's softcap twin.
+// configuration's window and softcap twins.
 template <int kHeadDim, class T, class... Cfgs>
 int plan_dtype(FlashcoreKernelPlan* plans) {
   int n = 0;
   plans[n++] = bwd_prep_plan<kHeadDim, T>();
-  ((plans[n++] = main_plan<Cfgs, T, false>()), ...);
+  ((plans[n++] = main_plan<Cfgs, T, 0>()), ...);
   plans[n++] = bwd_dq_plan<T>();
-  ((plans[n++] = main_plan<Cfgs, T, true>()), ...);
+  ((plans[n++] = main_plan<Cfgs, T, 1>()), ...);
+  ((plans[n++] = main_plan<Cfgs, T, 2>()), ...);
   return n;
 }
 

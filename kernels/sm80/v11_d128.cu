@@ -6,16 +6,17 @@
 
 template <class T>
 const char* v11_forward_d128(const FlashcoreParams& p, cudaStream_t stream) {
-  return forward<LongD128, void, ShortD128, void, T, LongSoftcapD128>(p, stream);
+  return forward<LongD128, void, ShortD128, void, T, LongFamilyD128, LongD128>(p, stream);
 }
 
 template <class T>
 int v11_plan_d128(FlashcoreKernelPlan* all) {
   all[0] = plan_of<LongD128, T>();
   all[1] = plan_of<ShortD128, T>();
-  all[2] = plan_of<LongSoftcapD128, T, true>();
+  all[2] = plan_of<LongFamilyD128, T, true>();
   all[3] = plan_of<ShortD128, T, true>();
-  return 4;
+  all[4] = window_plan_of<LongD128, T>();
+  return 5;
 }
 
 template const char* v11_forward_d128<__half>(const FlashcoreParams&, cudaStream_t);

@@ -110,9 +110,9 @@ using LongD128 = V11Config<128, V11_LONG_D128_BLOCK_M, V11_LONG_D128_BLOCK_N, V1
 using ShortD64 = V11Config<64, 32, V11_SHORT_D64_BLOCK_N, V11_SHORT_D64_WARP_M, V11_SHORT_D64_STAGES,
                            V11_SHORT_D64_SPLIT, 1>;
 using ShortD128 = V11Config<128, 32, 16, 16, 2, 4, 1>;
-// LongD128's softcap twin (v11_fwd_softcap): 32-key tiles. With LongD128's 48 the tanh's registers leave ptxas
+// LongD128's family twin (v11_fwd_family; D=128's long softcap calls): 32-key tiles. With LongD128's 48 the tanh's registers leave ptxas
 // 8-12 bytes short at 255 (spills on sm_89 and sm_90); with 32 it takes 243-247 and spills nothing.
-using LongSoftcapD128 = V11Config<128, V11_LONG_D128_BLOCK_M, 32, V11_LONG_D128_WARP_M, 2, 1, V11_LONG_D128_MIN_BLOCKS>;
+using LongFamilyD128 = V11Config<128, V11_LONG_D128_BLOCK_M, 32, V11_LONG_D128_WARP_M, 2, 1, V11_LONG_D128_MIN_BLOCKS>;
 // sm_90's short D=64 kernel (v11_fwd_tma): K and V arrive by TMA, so a wider, shallower tiling pays off.
 using ShortTmaD64 = V11Config<64, 32, V11_SHORT_TMA_D64_BLOCK_N, 16, V11_SHORT_TMA_D64_STAGES,
                               V11_SHORT_TMA_D64_SPLIT, 1>;
