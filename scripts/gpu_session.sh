@@ -16,6 +16,7 @@ finish() {
   if [ -n "${CACHE_OUT:-}" ]; then tar czf "$OUT/cache.tgz" -C "$FLASHCORE_CACHE" --exclude=./logs .; fi
 }
 trap finish EXIT
+trap 'exit 143' TERM
 REG=${REGISTRY:-variants.yaml}
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$LOGS/install.log" 2>&1 || { cat "$LOGS/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv >"$LOGS/gpu.txt" 2>&1
@@ -277,10 +278,12 @@ familyround() {  # issue 47 on a host of four GPUs, one lane each: v11's checks 
   cat "$LOGS"/lane-*.out
 }
 
-drain() {  # drain GPU QUEUE: take bench specs ("NAME|ARGS") off the shared queue file until it is empty
+drain() {  # drain GPU QUEUE: take bench specs ("NAME|ARGS") off the shared queue file until it is empty, or until
+  # BUDGET_S seconds of the session have gone (a run already started finishes)
   local g=$1 q=$2 spec
   export CUDA_VISIBLE_DEVICES=$g
-  while spec=$(flock "$q.lock" bash -c 'head -1 "$0"; sed -i 1d "$0"' "$q") && [ -n "$spec" ]; do
+  while [ "$SECONDS" -lt "${BUDGET_S:-100000}" ] && spec=$(flock "$q.lock" bash -c 'head -1 "$0"; sed -i 1d "$0"' "$q") &&
+    [ -n "$spec" ]; do
     step "bench-${spec%%|*}" flashcore --registry "$REG" bench ${spec#*|} --reps 100 --json "$LOGS/bench-${spec%%|*}.json"
   done
 }
