@@ -320,6 +320,17 @@ familyfinal() {  # issue 47's last look: v12's and v11's checks (tests, stress, 
   cat "$LOGS"/lane-*.out
 }
 
+familytests() {  # the family's variants checked side by side on two GPUs (v12 and its GPU tests; v11 and decode)
+  step build-family flashcore --registry "$REG" build v11 v12 decode
+  (export CUDA_VISIBLE_DEVICES=0; step test-v12 flashcore --registry "$REG" test v12 --json "$LOGS/test-v12.json"
+   step pytest-family python3 -m pytest -q -m gpu -n 0 tests/test_family_gpu.py) >"$LOGS/lane-0.out" 2>&1 &
+  (export CUDA_VISIBLE_DEVICES=$(($(nvidia-smi -L | wc -l) > 1 ? 1 : 0))
+   step test-v11 flashcore --registry "$REG" test v11 --json "$LOGS/test-v11.json"
+   step test-decode flashcore --registry "$REG" test decode --json "$LOGS/test-decode.json") >"$LOGS/lane-1.out" 2>&1 &
+  wait
+  cat "$LOGS"/lane-*.out
+}
+
 familycheck() {  # stress with random windows, softcaps and sinks; sanitizers at odd shapes under the family
   step stress-family python3 scripts/stress.py ${VARIANTS:-v11 v12 decode} --launches ${LAUNCHES:-2000} --timeout 900
   export FLASHCORE_RESULTS=$LOGS/results
