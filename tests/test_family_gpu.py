@@ -42,7 +42,7 @@ def _family_for(variant) -> Family:
 def test_autograd_path_matches_the_reference_and_the_direct_backward(name):
     import torch
 
-    from flashcore_cli.check.case import grad_tolerance, make_sinks, reference_grads
+    from flashcore_cli.check.case import UNIT_ROUNDOFF, grad_tolerance, make_sinks, reference_grads
     from flashcore_cli.registry.shapes import Case, parse_shape
 
     attn = _attn(name)
@@ -63,23 +63,25 @@ def test_autograd_path_matches_the_reference_and_the_direct_backward(name):
     out = attn(*leaves, **kwargs, sinks=sink_leaf)
     out.backward(d_o)
     scale = 1 / math.sqrt(64)
-    ref_out, *ref = reference_grads(q, k, v, True, scale, d_o, family=family, sinks=sinks)
+    sink_terms = torch.zeros(case.shape.heads, device="cuda")
+    ref_out, *ref = reference_grads(q, k, v, True, scale, d_o, family=family, sinks=sinks, sink_terms=sink_terms)
     _, *pt = reference_grads(q, k, v, True, scale, d_o, family=family, sinks=sinks, dtype=torch.float16)
     got = [t.grad for t in leaves] + ([sink_leaf.grad] if sinks is not None else [])
-    for name_, g, r, p in zip(("dq", "dk", "dv", "dsinks"), got, ref, pt):
-        if r is None:
-            continue
-        tol = grad_tolerance(case, r, (p.float() - r).abs().max().item())
-        assert g is not None and torch.isfinite(g).all(), name_
-        assert (g.float() - r).abs().max().item() <= tol, (name_, (g.float() - r).abs().max().item(), tol)
-    # the same kernels called directly give the same bits
+    # the same kernels called directly: the same forward bits; gradients as close to the reference (dQ, and dK/dV
+    # of grouped heads, are summed by fp32 atomics in an order that varies from call to call)
     o, lse, residual = attn.forward_train(q, k, v, **kwargs, sinks=sinks)
     assert torch.equal(o, out.detach())
     dsinks = torch.empty_like(sinks) if sinks is not None else None
-    dq, dk, dv = attn.backward(d_o, q, k, v, o, lse, **kwargs, sinks=sinks, out_residual=residual, dsinks=dsinks)
-    assert torch.equal(dq, leaves[0].grad) and torch.equal(dk, leaves[1].grad) and torch.equal(dv, leaves[2].grad)
-    if sinks is not None:
-        assert torch.allclose(dsinks, sink_leaf.grad, rtol=1e-4, atol=1e-5)  # fp32 atomics: the order may differ
+    direct = [*attn.backward(d_o, q, k, v, o, lse, **kwargs, sinks=sinks, out_residual=residual, dsinks=dsinks), dsinks]
+    for name_, g, d, r, p in zip(("dq", "dk", "dv", "dsinks"), got, direct, ref, pt):
+        if r is None:
+            continue
+        tol = grad_tolerance(case, r, (p.float() - r).abs().max().item())
+        if name_ == "dsinks":  # a sum over rows of terms that each carry the dtype's rounding (check/case.py)
+            tol = max(tol, 2 * UNIT_ROUNDOFF["fp16"] * sink_terms.max().item())
+        for path, x in (("autograd", g), ("direct", d)):
+            assert x is not None and torch.isfinite(x).all(), (name_, path)
+            assert (x.float() - r).abs().max().item() <= tol, (name_, path, (x.float() - r).abs().max().item(), tol)
 
 
 @pytest.mark.parametrize("name", [n for n in FAMILY if REGISTRY.get(n).supports("lse")])
