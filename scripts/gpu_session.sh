@@ -331,6 +331,16 @@ familytests() {  # the family's variants checked side by side on two GPUs (v12 a
   cat "$LOGS"/lane-*.out
 }
 
+familyrecheck() {  # after a change to the checks alone: the family's GPU tests, and v11's and v12's stress, side by side
+  step build-family flashcore --registry "$REG" build v11 v12
+  (export CUDA_VISIBLE_DEVICES=0; step pytest-family python3 -m pytest -q -m gpu -n 0 tests/test_family_gpu.py
+   step stress-v12 python3 scripts/stress.py v12 --launches "${LAUNCHES:-2000}" --timeout 200) >"$LOGS/lane-0.out" 2>&1 &
+  (export CUDA_VISIBLE_DEVICES=$(($(nvidia-smi -L | wc -l) > 1 ? 1 : 0))
+   step stress-v11 python3 scripts/stress.py v11 --launches "${LAUNCHES:-2000}" --timeout 200) >"$LOGS/lane-1.out" 2>&1 &
+  wait
+  cat "$LOGS"/lane-*.out
+}
+
 familycheck() {  # stress with random windows, softcaps and sinks; sanitizers at odd shapes under the family
   step stress-family python3 scripts/stress.py ${VARIANTS:-v11 v12 decode} --launches ${LAUNCHES:-2000} --timeout 900
   export FLASHCORE_RESULTS=$LOGS/results
