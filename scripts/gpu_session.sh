@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the lent GPU: install, then the steps named on the command line.
-#   bash scripts/gpu_session.sh smoke|ladder|house|wheel|shapes|check|stress|sanitizers|instruments|grads|bwdbench|v12bwd|v12pair|gputests|loop|family|familybench|familycheck ...
+#   bash scripts/gpu_session.sh smoke|ladder|house|wheel|shapes|check|stress|sanitizers|instruments|grads|bwdbench|v12bwd|v12pair|gputests|loop|familytests|familybench|densebench|familycheck|familyfinal ...
 # VARIANTS="v9 v11" picks the variants of check, stress and sanitizers (default: v9 v10 v11).
 # Each step's output is printed and logged; logs and JSON records come back packed in $OUT/logs.tgz
 # (the device returns only a few files). REGISTRY=path picks another registry.
@@ -158,11 +158,6 @@ wheel() {  # the wheel as a user installs it: built, installed beside this machi
   )
 }
 
-family() {  # issue 47: the family's variants checked (the default set and the family's odd cases), their GPU tests
-  step test-family flashcore --registry "$REG" test ${VARIANTS:-v11 v12 decode} --json "$LOGS/test-family.json"
-  step pytest-family python3 -m pytest -q -m gpu -n 0 tests/test_family_gpu.py
-}
-
 lanes() {  # lanes SPEC...: each spec "NAME|ARGS" a `flashcore bench` run, spread round-robin over the GPUs (one run
   # per GPU at a time, CUDA_VISIBLE_DEVICES), each run's rows from one GPU
   local n i=0 spec
@@ -217,67 +212,6 @@ familybench() {  # issue 47's rows: v12 and v11 with windows 128/1024/4096, soft
   lanes "${specs[@]}"
 }
 
-familyfirst() {  # issue 47, a first look on a host of several GPUs: the three family variants built once, then checked
-  # side by side, one lane per GPU: v12's tests; v11's then decode's; the GPU tests then a first bench row; and
-  # EXTRA_SCRIPTS (python files, each under a 200 s timeout)
-  step build-family flashcore --registry "$REG" build v11 v12 decode
-  local n
-  n=$(nvidia-smi -L | wc -l)
-  (export CUDA_VISIBLE_DEVICES=0; step test-v12 flashcore --registry "$REG" test v12 --json "$LOGS/test-v12.json") \
-    >"$LOGS/lane-a.out" 2>&1 &
-  (export CUDA_VISIBLE_DEVICES=$((1 % n)); step test-v11 flashcore --registry "$REG" test v11 --json "$LOGS/test-v11.json"
-   step test-decode flashcore --registry "$REG" test decode --json "$LOGS/test-decode.json") >"$LOGS/lane-b.out" 2>&1 &
-  (export CUDA_VISIBLE_DEVICES=$((2 % n))
-   step pytest-family python3 -m pytest -q -m gpu -n 0 tests/test_family_gpu.py tests/test_v12_gqa_gpu.py
-   step bench-first flashcore --registry "$REG" bench v12 --shape 1,16,16384,128 --causal --window 1024,0 \
-     --json "$LOGS/bench-first.json") >"$LOGS/lane-c.out" 2>&1 &
-  (export CUDA_VISIBLE_DEVICES=$((3 % n))
-   for script in ${EXTRA_SCRIPTS:-}; do step "extra-$(basename "$script" .py)" timeout 200 python3 "$script"; done) \
-    >"$LOGS/lane-d.out" 2>&1 &
-  wait
-  cat "$LOGS"/lane-*.out
-}
-
-onlane() {  # onlane GPU SPEC...: the bench specs ("NAME|ARGS") one after another on one GPU
-  local g=$1 spec; shift
-  export CUDA_VISIBLE_DEVICES=$g
-  for spec in "$@"; do
-    step "bench-${spec%%|*}" flashcore --registry "$REG" bench ${spec#*|} --reps 100 --json "$LOGS/bench-${spec%%|*}.json"
-  done
-}
-
-familyround() {  # issue 47 on a host of four GPUs, one lane each: v11's checks and stress beside v12's and decode's, the
-  # sanitizers under the family, and v11's rows (the family at 2,16,8192,64 against its plain call; its dense record rows)
-  step build-family flashcore --registry "$REG" build v11 v12 decode
-  local v11fam=() fam pass
-  for pass in fwd bwd; do
-    for fam in "w1024|--window 1024,0" "w4096|--window 4096,0" "softcap50|--softcap 50" "sinks|--sinks"; do
-      v11fam+=("v11-2,16,8192,64-$pass-${fam%%|*}|v11 --shape 2,16,8192,64 --causal --pass $pass ${fam#*|}")
-    done
-  done
-  (export CUDA_VISIBLE_DEVICES=0; step test-v11 flashcore --registry "$REG" test v11 --json "$LOGS/test-v11.json"
-   step pytest-family python3 -m pytest -q -m gpu -n 0 tests/test_family_gpu.py
-   step stress-v12 python3 scripts/stress.py v12 --launches "${LAUNCHES:-2000}" --timeout 500) >"$LOGS/lane-0.out" 2>&1 &
-  (export CUDA_VISIBLE_DEVICES=1; step stress-v11 python3 scripts/stress.py v11 --launches "${LAUNCHES:-2000}" --timeout 300
-   step stress-decode python3 scripts/stress.py decode --launches "${LAUNCHES:-2000}" --timeout 200) >"$LOGS/lane-1.out" 2>&1 &
-  (export CUDA_VISIBLE_DEVICES=2 FLASHCORE_RESULTS=$LOGS/results; local v tool
-   for v in v11 v12; do
-     for tool in memcheck racecheck synccheck; do
-       step "sanitize-$v-$tool" flashcore --registry "$REG" sanitize "$v" --tool "$tool" --shape 2,4:2,97:130,64 --causal \
-         --window 17,0 --softcap 30 --sinks
-     done
-   done
-   for tool in memcheck racecheck synccheck; do
-     step "sanitize-decode-$tool" flashcore --registry "$REG" sanitize decode --tool "$tool" --shape 2,8:2,3:1000,128 \
-       --causal --window 100,0 --sinks
-   done
-   onlane 2 "v11-mission|v11 --shape 1,8,512,64" "v11-2,16,4096,128|v11 --shape 2,16,4096,128" \
-     "v11-2,16,4096,128-causal|v11 --shape 2,16,4096,128 --causal") >"$LOGS/lane-2.out" 2>&1 &
-  (onlane 3 "${v11fam[@]}") >"$LOGS/lane-3.out" 2>&1 &
-  wait
-  cat "$LOGS"/lane-*.out
-}
-
 drain() {  # drain GPU QUEUE: take bench specs ("NAME|ARGS") off the shared queue file until it is empty, or until
   # BUDGET_S seconds of the session have gone (a run already started finishes)
   local g=$1 q=$2 spec
@@ -291,7 +225,7 @@ drain() {  # drain GPU QUEUE: take bench specs ("NAME|ARGS") off the shared queu
 familyfinal() {  # issue 47's last look: v12's and v11's checks (tests, stress, sanitizers under the family) on two GPUs,
   # then every GPU drains one queue of bench rows: the family's rows (v12; v11 too at 2,16,8192,64) and the dense record
   step build-family flashcore --registry "$REG" build v11 v12 decode
-  local q="$LOGS/queue" shape pass fam v tool spec
+  local q="$LOGS/queue" shape pass fam v spec
   : >"$q"
   for shape in 1,16,16384,128 2,16,8192,64; do
     for pass in fwd bwd; do
@@ -305,13 +239,10 @@ familyfinal() {  # issue 47's last look: v12's and v11's checks (tests, stress, 
   VARIANTS="v12 v11" densespecs
   for spec in "${DENSE[@]}"; do [[ $spec == decode-* ]] || echo "$spec" >>"$q"; done  # decode: familybench's rows
   for v in v12 v11; do
-    (export CUDA_VISIBLE_DEVICES=$([ $v = v12 ] && echo 0 || echo 1) FLASHCORE_RESULTS=$LOGS/results
+    (export CUDA_VISIBLE_DEVICES=$([ $v = v12 ] && echo 0 || echo 1)
      step "test-$v" flashcore --registry "$REG" test $v --json "$LOGS/test-$v.json"
      step "stress-$v" python3 scripts/stress.py $v --launches "${LAUNCHES:-2000}" --timeout 300
-     for tool in memcheck racecheck synccheck; do
-       step "sanitize-$v-$tool" flashcore --registry "$REG" sanitize "$v" --tool "$tool" --shape 2,4:2,97:130,64 --causal \
-         --window 17,0 --softcap 30 --sinks
-     done
+     familysanitize "$v"
      drain "$CUDA_VISIBLE_DEVICES" "$q") >"$LOGS/lane-$v.out" 2>&1 &
   done
   (drain 2 "$q") >"$LOGS/lane-2.out" 2>&1 &
@@ -331,29 +262,25 @@ familytests() {  # the family's variants checked side by side on two GPUs (v12 a
   cat "$LOGS"/lane-*.out
 }
 
-familyrecheck() {  # after a change to the checks alone: the family's GPU tests, and v11's and v12's stress, side by side
-  step build-family flashcore --registry "$REG" build v11 v12
-  (export CUDA_VISIBLE_DEVICES=0; step pytest-family python3 -m pytest -q -m gpu -n 0 tests/test_family_gpu.py
-   step stress-v12 python3 scripts/stress.py v12 --launches "${LAUNCHES:-2000}" --timeout 200) >"$LOGS/lane-0.out" 2>&1 &
-  (export CUDA_VISIBLE_DEVICES=$(($(nvidia-smi -L | wc -l) > 1 ? 1 : 0))
-   step stress-v11 python3 scripts/stress.py v11 --launches "${LAUNCHES:-2000}" --timeout 200) >"$LOGS/lane-1.out" 2>&1 &
-  wait
-  cat "$LOGS"/lane-*.out
-}
-
-familycheck() {  # stress with random windows, softcaps and sinks; sanitizers at odd shapes under the family
-  step stress-family python3 scripts/stress.py ${VARIANTS:-v11 v12 decode} --launches ${LAUNCHES:-2000} --timeout 900
+familysanitize() {  # familysanitize VARIANT...: memcheck, racecheck and synccheck under a window, softcap and sinks
+  local v tool
   export FLASHCORE_RESULTS=$LOGS/results
-  for v in ${VARIANTS:-v11 v12}; do
+  for v in "$@"; do
     for tool in memcheck racecheck synccheck; do
-      step "sanitize-$v-$tool" flashcore --registry "$REG" sanitize "$v" --tool "$tool" --shape 2,4:2,97:130,64 --causal \
-        --window 17,0 --softcap 30 --sinks
+      if [ "$v" = decode ]; then
+        step "sanitize-$v-$tool" flashcore --registry "$REG" sanitize "$v" --tool "$tool" --shape 2,8:2,3:1000,128 \
+          --causal --window 100,0 --sinks
+      else
+        step "sanitize-$v-$tool" flashcore --registry "$REG" sanitize "$v" --tool "$tool" --shape 2,4:2,97:130,64 --causal \
+          --window 17,0 --softcap 30 --sinks
+      fi
     done
   done
-  for tool in memcheck racecheck synccheck; do
-    step "sanitize-decode-$tool" flashcore --registry "$REG" sanitize decode --tool "$tool" --shape 2,8:2,3:1000,128 \
-      --causal --window 100,0 --sinks
-  done
+}
+
+familycheck() {  # stress with random windows, softcaps and sinks; the sanitizers under the family
+  step stress-family python3 scripts/stress.py ${VARIANTS:-v11 v12 decode} --launches ${LAUNCHES:-2000} --timeout 900
+  familysanitize ${VARIANTS:-v11 v12 decode}
 }
 
 gputests() {  # the gpu-marked pytest suite
