@@ -16,11 +16,12 @@ so a case where the peer happens to be exact (S = 1: the output is V) still allo
 Gradients (a case with `grads`, for variants with a backward): dQ, dK, dV (and dsinks) for one random dO under
 FlashAttention-3's own test rule (hopper/test_flash_attn.py; the owner's decision, DESIGN.md):
     max |g - g_ref| <= 2 x max |g_pt - g_ref| + 2 x max |(g_ref + 0.3 - 0.3) - g_ref|
-with g_ref the fp32 reference's, g_pt the naive attention's kept in the case's dtype, and the last term (one
-rounding at the gradient's own magnitude) computed in that dtype; with a softcap 3 x and 3e-4 more, as FA3's tests;
-never below ATOL (one-hot rows: the naive attention's gradient is exact there, a fused backward's D carries O's
-rounding).
-The gradient outputs are poisoned with NaN before the backward writes them.
+with g_ref the fp32 reference's, g_pt the naive attention's kept in the case's dtype (q scaled first: reorder_ops),
+and the last term (one rounding at the gradient's own magnitude) computed in that dtype; with a softcap 3 x and 3e-4
+more, as FA3's tests. Where SDPA expresses the case, 2 x its backward's error is the bound when larger (at near-one-
+hot rows the naive attention is exact while a fused backward's D carries O's rounding); never below ATOL; dsinks
+also allows 2 u sum |p_sink D|, the rounding of the terms it sums. The gradient outputs are poisoned with NaN before
+the backward writes them.
 """
 
 from __future__ import annotations
