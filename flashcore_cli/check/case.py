@@ -302,6 +302,28 @@ def grad_tolerance(case: Case, g_ref, pt_error: float) -> float:
     return max(ATOL_BY_DTYPE[case.dtype], factor * pt_error + 2.0 * rounding + extra)
 
 
+def _grad_references(case: Case, q, k, v, sinks, scale: float, d_o, seen, refs: dict, tolerances: dict,
+                     peer_errors: dict):  # fmt: skip
+    """The fp32 reference's output (returned) and gradients (into refs), each gradient's tolerance and its naive
+    peer's error (module docstring: FA3's rule, or twice SDPA's backward error, never below ATOL)."""
+    import torch
+
+    family = {"family": case.family, "sinks": sinks}
+    sink_terms = torch.zeros(case.shape.heads, device=q.device) if sinks is not None else None
+    ref, *grads = reference_grads(q, k, v, case.causal, scale, d_o, **family, sink_terms=sink_terms)
+    _, *pt_grads = reference_grads(q, k, v, case.causal, scale, d_o, dtype=torch_dtype(case.dtype), **family)
+    sdpa_errors = sdpa_grad_errors(case, q, k, v, d_o, scale, grads[:3], seen) if sdpa_expresses(case) else {}
+    for name, g_ref, g_pt in zip(("dq", "dk", "dv", "dsinks"), grads, pt_grads):
+        if g_ref is None:
+            continue
+        refs[name] = g_ref
+        peer_errors[name] = _error(g_pt, g_ref)
+        tolerances[name] = max(grad_tolerance(case, g_ref, peer_errors[name]), 2.0 * sdpa_errors.get(name, 0.0))
+    if sink_terms is not None:  # a sum of per-row terms, each carrying the dtype's rounding of P and O
+        tolerances["dsinks"] = max(tolerances["dsinks"], 2.0 * UNIT_ROUNDOFF[case.dtype] * sink_terms.max().item())
+    return ref
+
+
 def check_case(attn, case: Case) -> CaseResult:
     """Run the variant on fresh seeded inputs into NaN-poisoned outputs and compare (and its backward, for a
     case with grads)."""
@@ -320,28 +342,12 @@ def check_case(attn, case: Case) -> CaseResult:
     refs, tolerances, peer_errors = {}, {}, {}
     if case.grads:
         d_o = grad_output(case)
-        sink_terms = torch.zeros(case.shape.heads, device=q.device) if sinks is not None else None
-        ref, *grads = reference_grads(q, k, v, case.causal, scale, d_o, **family, sink_terms=sink_terms)
-        _, *pt_grads = reference_grads(q, k, v, case.causal, scale, d_o, dtype=dtype, **family)
-        sdpa_errors = sdpa_grad_errors(case, q, k, v, d_o, scale, grads[:3], seen) if sdpa_expresses(case) else {}
-        names = ("dq", "dk", "dv", "dsinks")
-        for name, g_ref, g_pt in zip(names, grads, pt_grads):
-            if g_ref is None:
-                continue
-            refs[name] = g_ref
-            peer_errors[name] = _error(g_pt, g_ref)
-            tolerances[name] = max(grad_tolerance(case, g_ref, peer_errors[name]), 2.0 * sdpa_errors.get(name, 0.0))
-        if sink_terms is not None:  # a sum of per-row terms, each carrying the dtype's rounding of P and O
-            tolerances["dsinks"] = max(tolerances["dsinks"], 2.0 * UNIT_ROUNDOFF[case.dtype] * sink_terms.max().item())
+        ref = _grad_references(case, q, k, v, sinks, scale, d_o, seen, refs, tolerances, peer_errors)
     else:
         ref = reference(q, k, v, case.causal, scale, **family)
-    if sdpa_expresses(case):
-        peer = sdpa(q, k, v, case.causal, scale, mask if case.family.has_window(case.causal) else None)
-        first = first_seen_row(case)
-        rows = seen if seen is not None else None
-        if rows is None and first:
-            rows = torch.arange(case.shape.seq_len, device=q.device) >= first
-        peer_errors["out"] = _error(peer, ref, rows)
+    if sdpa_expresses(case):  # over the rows that see a key (SDPA gives NaN on the others)
+        peer_errors["out"] = _error(sdpa(q, k, v, case.causal, scale, mask if case.family.has_window(case.causal) else None),
+                                    ref, seen)  # fmt: skip
     else:
         peer_errors["out"] = _error(reference(q, k, v, case.causal, scale, dtype, **family), ref)
     tolerances["out"] = max(atol, 2.0 * peer_errors["out"]) if not math.isnan(peer_errors["out"]) else atol
