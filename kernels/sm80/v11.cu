@@ -29,20 +29,11 @@
 // backward, sm80/v11_bwd.cu, reads it). Same run beside the build before (H200, cold): 1,8,512,64 8.2 vs 8.2 us,
 // 2,16,4096,64 420.9 vs 430.8, 2,16,4096,128 756.3 vs 767.8. A CTA that sees no key (causal, S > S_kv) waits for
 // Q_i's copies before staging O over them (docs/ladder.md, "A CTA that sees no key").
-// The attention family (flashcore.h), forward and backward: sliding windows fold into the causal machinery at run
-// time: a CTA walks only the key tiles fc::visible_keys gives its rows (a warp computes only those its own rows
-// see; the tile range per CTA costs nothing in the loop), and only tiles outside the keys every row of a warp sees
-// (fc::fully_visible_keys: the window's edges, the diagonal, the sequence end) build per-element masks; a row that
-// sees no key writes O = 0 and LSE = +inf (or its sink). Softcap: each score becomes c log2 e tanh(S scale / c)
-// (tanh.approx) as it leaves the mma, before the mask, and the softmax and LSE run on it. Windows and softcap run on
-// the family kernels (v11_fwd*_family, template bools; softcap a uniform branch per tile there; D=128's long windowed
-// calls without softcap on v11_fwd_window*, LongD128's tiles); the dense kernels (v11_fwd*, dense and causal calls)
-// keep the loop they had before the family: the window's per-tile range and mask work cost them 6-9% at
-// 2,16,4096,128 (LongD128 at 255 registers). Sinks: only at a row's end (or the split merge's), in every kernel:
-// fc::finish_row_log2 folds exp(sink - m) into l and the LSE, where p.sinks is given. The backward (sm80/v11_bwd.cu)
-// walks each key block's fc::visible_rows, masks only cut slices (v11_bwd_window), and recomputes tanh for the
-// softcap's dS (v11_bwd_softcap); v11_bwd is the pre-family loop; sinks need nothing there (the LSE holds them;
-// dL/dsinks is common/bwd_passes.cuh's prep).
+// The attention family (docs/family.md): a CTA walks only the key tiles its rows see, masks only the tiles a window
+// cuts, and folds a sink in at a row's end (every kernel). Windows and softcap run on v11_fwd*_family (softcap a uniform
+// branch per tile; D=128's long windowed calls on v11_fwd_window*); the dense kernels keep the loop they had before
+// the family (its per-tile window work cost them 6-9% at 2,16,4096,128). Backward: v11_bwd (dense), v11_bwd_window,
+// v11_bwd_softcap (recomputes tanh for dS); dL/dsinks is common/bwd_passes.cuh's prep.
 //
 // Configuration (V11Config<D, BLOCK_M, BLOCK_N, WARP_M, STAGES, SPLIT, MIN_BLOCKS>; tune space: variants.yaml):
 //   slot         used when                          D  BLOCK_M BLOCK_N WARP_M STAGES SPLIT MIN warps  smem

@@ -26,24 +26,12 @@
 // build before (H200, cold): 2,16,4096,128 413.8 vs 433.3 us, 2,16,4096,64 280.5 vs 280.6, 1,8,512,64 9.2 vs 9.1;
 // chunked prefill 1,32:8,512:8192,128 111.7 us against cuDNN's 113.4 (docs/results/h200.json).
 //
-// The attention family (flashcore.h), forward:
-//   - Window: an item walks only the key tiles its rows' windows reach (item_key_tiles: fc::visible_keys over its
-//     rows), the producer and every consumer alike, so tiles a window hides on either side are never loaded; each
-//     consumer runs the GEMMs and softmax only on the tiles its own 64 rows see (consumer_key_tiles) and takes the
-//     item's other tiles' turns without them (skip_tiles: a 192-row item at window 1024 reads 10 tiles, each
-//     consumer computes 9). Only tiles outside a warpgroup's fc::fully_visible_keys (cut by the window's left edge,
-//     the diagonal or its right edge, or S_kv) run a masked softmax copy, which compares only the bound that cuts
-//     the tile (mask_edges: the diagonal's, or the window's left edge's) or both; the rest run the dense one
-//     unchanged. An item whose rows see no key (a window past either end, S > S_kv causal) takes no tiles and
-//     writes O = 0 and LSE +inf (or the sink). Lists of items that grow with their rows (causal, windows bounded on
-//     the right only) go longest first; others keep a head's items side by side, and D = 64's planner weighs items
-//     by the tiles their busiest consumer computes. Windows reaching past every key become unbounded before launch
-//     (clip_window).
-//   - Softcap: a second instantiation of every kernel (a bool; the plain ones are unchanged): the softmax takes
-//     tanh(S * scale / cap) (fc::tanh_fast, before the mask) with cap * log2(e) as its scale, so max, exp2, l and
-//     the LSE are all on the capped score.
-//   - Sinks: the epilogue folds the query head's sink into l, O's factor and the LSE (fc::finish_row_log2), in a
-//     uniform branch taken only when p.sinks is given.
+// The attention family (docs/family.md), forward: an item walks only the key tiles its rows see (item_key_tiles), the
+// producer and every consumer alike; each consumer computes only its own 64 rows' tiles and takes the others' turns
+// without GEMMs (skip_tiles); only tiles a window edge, the diagonal or S_kv cuts run a masked softmax copy, which
+// compares only the bound that cuts it (mask_edges). Items whose rows see no key write O = 0 and LSE +inf (or the
+// sink). Softcap: a second instantiation of every kernel (tanh(S * scale / cap) before the mask, cap * log2 e as the
+// softmax's scale). Sinks: the epilogue folds the head's sink into l, O and the LSE (fc::finish_row_log2).
 //
 // Configuration: 128 keys per K/V tile. D=128: 2 consumers (225 KB of shared memory). D=64: 2 or 3 consumers,
 // and with 3 the list may end each head with 128-row items run by two: plan_d64 replays the rounds for each
